@@ -1,0 +1,56 @@
+"""Errors a client can be told about: an HTTP status, a stable code, a message."""
+
+from __future__ import annotations
+
+
+class FunnelError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+
+    def to_json(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class BadInput(FunnelError):
+    status, code = 400, "bad_input"
+
+
+class PayloadTooLarge(FunnelError):
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(FunnelError):
+    status, code = 415, "unsupported_media_type"
+
+
+class NotFound(FunnelError):
+    status, code = 404, "not_found"
+
+
+class Overloaded(FunnelError):
+    status, code = 503, "overloaded"
+
+
+class Unavailable(FunnelError):
+    status, code = 503, "unavailable"
+
+
+class Timeout(FunnelError):
+    status, code = 504, "timeout"
+
+
+class InferenceFailed(FunnelError):
+    status, code = 500, "inference_failed"
+
+
+# Error codes a worker may put in a reply, and the HTTP status each becomes.
+REPLY_STATUS = {"bad_input": 400, "deadline_exceeded": 504, "too_many_attempts": 500,
+                "inference_failed": 500, "bad_job": 500}

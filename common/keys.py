@@ -1,0 +1,48 @@
+"""Redis key names, human-readable under one prefix so redis-cli shows the system."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Model names and worker ids end up inside keys: keep them to a safe alphabet.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_name(name: str) -> str:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"not a valid name: {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "funnel"
+
+    def queue(self, model: str) -> str:
+        """List of msgpack jobs: web LPUSHes, workers take from the right."""
+        return f"{self.prefix}:queue:{check_name(model)}"
+
+    def reply(self, job_id: str) -> str:
+        """List holding one msgpack reply, with a TTL."""
+        return f"{self.prefix}:reply:{check_name(job_id)}"
+
+    def is_reply(self, key: str) -> bool:
+        head = f"{self.prefix}:reply:"
+        return key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))
+
+    def inflight(self, worker_id: str) -> str:
+        """Jobs one worker holds between taking and answering them."""
+        return f"{self.prefix}:inflight:{check_name(worker_id)}"
+
+    def worker(self, worker_id: str) -> str:
+        """Hash describing a live worker, kept alive by its heartbeat TTL."""
+        return f"{self.prefix}:worker:{check_name(worker_id)}"
+
+    def workers(self) -> str:
+        """Set of worker ids that have registered (live or not)."""
+        return f"{self.prefix}:workers"
+
+    def dead(self, model: str) -> str:
+        """Jobs that could not be decoded or answered."""
+        return f"{self.prefix}:dead:{check_name(model)}"

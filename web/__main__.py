@@ -1,0 +1,5 @@
+import sys
+
+from web.server import main
+
+sys.exit(main())

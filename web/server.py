@@ -1,0 +1,42 @@
+"""`python -m web`: gunicorn serving the Flask app with the project's config."""
+
+from __future__ import annotations
+
+import logging
+
+from gunicorn.app.base import BaseApplication
+
+from web.app import create_app
+from web.settings import WebSettings
+
+
+class WebServer(BaseApplication):
+    def __init__(self, settings: WebSettings):
+        self.settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        s = self.settings
+        self.cfg.set("bind", f"{s.host}:{s.port}")
+        self.cfg.set("workers", s.processes)
+        # gthread: each request thread blocks in BLPOP for its reply.
+        self.cfg.set("worker_class", "gthread")
+        self.cfg.set("threads", s.threads)
+        self.cfg.set("worker_connections", max(1000, s.threads * 4))
+        self.cfg.set("timeout", int(s.request_timeout_s) + 30)
+        self.cfg.set("graceful_timeout", int(s.request_timeout_s) + 5)
+        self.cfg.set("keepalive", 5)
+        self.cfg.set("loglevel", s.log_level)
+        self.cfg.set("proc_name", "funnel-web")
+
+    def load(self):
+        # Runs in each gunicorn worker after the fork: its own Redis pool.
+        return create_app(self.settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = WebSettings.load(argv)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    WebServer(settings).run()
+    return 0

@@ -1,0 +1,102 @@
+"""One batch: decode the taken jobs, collate, run the model once, split, postprocess.
+
+Failures stay with their own item: a job that does not decode goes to the
+dead-letter list, a job with bad inputs gets its own error reply, and if the
+batch as a whole fails to run, each item is run alone so that only the
+culprit fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.errors import FunnelError
+from common.keys import Keys
+from common.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    jobs: list[Job] = field(default_factory=list)
+    replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
+    dead: list[bytes] = field(default_factory=list)
+    expired: int = 0
+
+
+def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str) -> Batch:
+    """Sort taken messages into runnable jobs, dead letters and expired jobs."""
+    batch = Batch()
+    now = now_ms()
+    for raw in raws:
+        try:
+            job = decode_job(raw)
+            if job.model != model or not keys.is_reply(job.reply_to):
+                raise WireError(f"job for model {job.model!r} replying to {job.reply_to!r} "
+                                f"does not belong on this queue")
+        except WireError as exc:
+            log.warning("dead-lettering an undecodable job (%d bytes): %s", len(raw), exc)
+            batch.dead.append(raw)
+            seen = peek_job(raw)
+            if "id" in seen and keys.is_reply(seen.get("reply_to", "")):
+                batch.replies.append((seen["reply_to"], Reply.failure(
+                    seen["id"], "bad_job", f"job could not be decoded: {exc}", worker=worker_id)))
+            continue
+        if job.deadline <= now:
+            batch.expired += 1  # its client has been answered 504 already
+            continue
+        batch.jobs.append(job)
+    return batch
+
+
+def split(outputs: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
+    for name, value in outputs.items():
+        if len(value) != n:
+            raise RuntimeError(f"model returned {len(value)} rows of {name!r} for {n} inputs")
+    return [{name: value[i] for name, value in outputs.items()} for i in range(n)]
+
+
+def _infer(jobs: list[Job], task, backend, spec) -> list[dict]:
+    feeds = task.collate([job.inputs for job in jobs], spec)
+    rows = split(backend.run(feeds), len(jobs))
+    return [task.postprocess(row, spec) for row in rows]
+
+
+def run(batch: Batch, task, backend, spec, worker_id: str) -> None:
+    """Answer every job of the batch, appending to batch.replies."""
+    started = now_ms()
+    runnable = []
+    for job in batch.jobs:
+        try:
+            task.check(job.inputs, spec)
+            runnable.append(job)
+        except FunnelError as exc:
+            batch.replies.append((job.reply_to, Reply.failure(
+                job.id, exc.code, exc.message, worker=worker_id)))
+    if not runnable:
+        return
+    clock = time.perf_counter()
+    try:
+        results: list[dict | Exception] = list(_infer(runnable, task, backend, spec))
+    except Exception:
+        log.exception("batch of %d failed; running its items one by one", len(runnable))
+        results = []
+        for job in runnable:
+            try:
+                results.append(_infer([job], task, backend, spec)[0])
+            except Exception as exc:  # this item alone is at fault
+                results.append(exc)
+    infer_ms = (time.perf_counter() - clock) * 1000
+    for job, result in zip(runnable, results):
+        meta = {"worker": worker_id, "batch_size": len(runnable),
+                "queue_ms": max(0, started - job.enqueued), "infer_ms": infer_ms}
+        if isinstance(result, Exception):
+            reply = Reply.failure(job.id, "inference_failed", f"{type(result).__name__}: {result}", **meta)
+        else:
+            reply = Reply(id=job.id, ok=True, outputs=result, **meta)
+        batch.replies.append((job.reply_to, reply))

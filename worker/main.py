@@ -1,0 +1,91 @@
+"""The worker daemon: take, collate, run, reply, until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import redis
+
+from common import tasks
+from common.connection import connect
+from common.keys import Keys
+from common.store import load_spec
+from worker import backend as backends
+from worker import batch as batching
+from worker.heartbeat import Heartbeat
+from worker.linger import FixedLinger
+from worker.queue import JobQueue
+from worker.reply import answer
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("funnel.worker")
+
+BLOCK_S = 1.0  # longest idle wait, so a stop request is seen within a second
+MAX_BACKOFF_S = 2.0
+
+
+def serve(settings: WorkerSettings, stop: threading.Event) -> None:
+    spec = load_spec(settings.model_store, settings.model)
+    task = tasks.get(spec.task)
+    model = backends.load(spec, settings.backend, settings.device, settings.intra_op_threads)
+    batch_size = settings.batch_size or spec.batch_size
+    keys = Keys(settings.prefix)
+    client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
+    queue = JobQueue(client, keys, spec.name, settings.worker_id)
+    linger = FixedLinger(settings.linger_ms)
+    heartbeat = Heartbeat(client, keys, settings.worker_id, {
+        "model": spec.name, "backend": settings.backend, "device": settings.device,
+        "batch_size": batch_size, "linger_ms": settings.linger_ms})
+    heartbeat.start()
+    log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
+             spec.name, batch_size, settings.linger_ms, keys.queue(spec.name))
+    try:
+        while not stop.is_set():
+            raws = retrying(lambda: queue.take(batch_size, linger, BLOCK_S), stop)  # take
+            if not raws:
+                continue
+            batch = batching.decode(raws, spec.name, keys, settings.worker_id)
+            batching.run(batch, task, model, spec, settings.worker_id)             # collate, run
+            retrying(lambda: answer(client, keys, settings.worker_id, spec.name,    # reply
+                                    batch.replies, batch.dead, settings.reply_ttl_s),
+                     stop, until_done=True)
+            heartbeat.count(batches=1, jobs=len(batch.jobs), expired=batch.expired,
+                            dead=len(batch.dead))
+    finally:
+        heartbeat.stop()
+    log.info("worker %s stopped", settings.worker_id)
+
+
+def retrying(call, stop: threading.Event, until_done: bool = False):
+    """Run a Redis call, waiting out outages with capped exponential backoff.
+
+    Taking gives up when asked to stop; answering keeps trying a while longer,
+    since the batch in hand has been computed (if Redis never returns, the
+    jobs stay in the in-flight list for recovery).
+    """
+    delay, tries = 0.05, 0
+    while True:
+        try:
+            return call()
+        except redis.RedisError as exc:
+            tries += 1
+            if stop.is_set() and (not until_done or tries > 20):
+                return None
+            log.warning("redis unavailable (%s); retrying in %.2f s", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = WorkerSettings.load(argv)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # Finish the batch in hand, then leave: nothing taken is dropped.
+        signal.signal(signum, lambda *_: stop.set())
+    serve(settings, stop)
+    return 0

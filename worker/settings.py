@@ -1,0 +1,42 @@
+"""The worker's settings: FUNNEL_* variables, each mirrored by a flag."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from common import settings
+from common.settings import setting
+
+
+def default_worker_id() -> str:
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32]
+    return f"{host or 'worker'}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class WorkerSettings:
+    """A Funnel worker daemon: takes batches of jobs for one model from Redis."""
+
+    model: str = setting("", "model to serve, a folder of the model store")
+    model_store: str = setting("model_store", "model store directory")
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
+    prefix: str = setting("funnel", "prefix of every Redis key")
+    backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
+    device: str = setting("cpu", "cpu, cuda:N or auto")
+    batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
+    linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand")
+    intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
+    reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
+    worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
+    log_level: str = setting("INFO", "logging level")
+
+    @classmethod
+    def load(cls, argv: list[str] | None = None) -> "WorkerSettings":
+        loaded = settings.load(cls, argv, prog="python -m worker")
+        if not loaded.model:
+            raise SystemExit("python -m worker: --model (or FUNNEL_MODEL) is required")
+        loaded.worker_id = loaded.worker_id or default_worker_id()
+        return loaded
