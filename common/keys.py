@@ -35,12 +35,16 @@ class Keys:
         """Jobs one worker holds between taking and answering them."""
         return f"{self.prefix}:inflight:{check_name(worker_id)}"
 
+    def recovering(self, worker_id: str) -> str:
+        """A dead worker's jobs while a peer puts them back on their queue."""
+        return f"{self.prefix}:recovering:{check_name(worker_id)}"
+
     def worker(self, worker_id: str) -> str:
         """Hash describing a live worker, kept alive by its heartbeat TTL."""
         return f"{self.prefix}:worker:{check_name(worker_id)}"
 
     def workers(self) -> str:
-        """Set of worker ids that have registered (live or not)."""
+        """Hash of registered worker id -> model, live or dead until recovered."""
         return f"{self.prefix}:workers"
 
     def dead(self, model: str) -> str:

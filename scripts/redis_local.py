@@ -53,6 +53,7 @@ class LocalRedis:
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> "LocalRedis":
+        os.makedirs(self.dir, exist_ok=True)  # stop() removed it; a restart needs it back
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"]
         if self.password:

@@ -27,8 +27,9 @@ from common.store import list_models  # noqa: E402
 from scripts.redis_local import LocalRedis, free_port  # noqa: E402
 
 
-def get_json(url: str, timeout: float = 2.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dict:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.load(response)
 
 
@@ -38,10 +39,12 @@ class Stack:
     def __init__(self, *, port: int | None = None, redis_url: str | None = None,
                  model_store: str | Path = ROOT / "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
-                 redis_port: int | None = None, log_dir: Path | None = None):
+                 redis_port: int | None = None, log_dir: Path | None = None,
+                 workers: list[str] | None = None):
         self.port = port or free_port()
         self.model_store = str(model_store)
         self.models = models or list_models(self.model_store)
+        self.worker_models = self.models if workers is None else workers  # one worker each
         self.worker_env = worker_env or {}
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)
@@ -79,28 +82,43 @@ class Stack:
         if self.redis:
             self.redis.start()
         self.web = self._spawn("web", ["web"], self._env({
-            "FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.port), **self.web_env}))
-        for model in self.models:
+            "FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.port),
+            "FUNNEL_MODELS": ",".join(self.models), **self.web_env}))
+        for model in self.worker_models:
             self.start_worker(model)
         self.wait_ready(timeout_s)
         return self
 
-    def wait_ready(self, timeout_s: float, workers_per_model: int = 1) -> None:
-        """Until the web answers and every model has its live workers."""
+    def wait_ready(self, timeout_s: float, expected: dict[str, int] | None = None) -> None:
+        """Until the web answers and each model has its live workers (default: one per worker started)."""
+        if expected is None:
+            expected = {m: self.worker_models.count(m) for m in self.worker_models}
         deadline = time.monotonic() + timeout_s
-        while True:
-            for proc in [self.web, *self.workers]:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args} exited with {proc.returncode} during start")
-            try:
-                served = get_json(f"{self.url}/v1/models")["models"]
-                if all(len(m["workers"]) >= workers_per_model for m in served):
-                    return
-            except (urllib.error.URLError, ConnectionError, OSError, KeyError):
-                pass
+        while not self._ready(expected):
+            if self.web.poll() is not None:
+                raise RuntimeError(f"the web tier exited with {self.web.returncode}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"stack not ready after {timeout_s} s")
+                dead = [p.args for p in self.workers if p.poll() is not None]
+                raise TimeoutError(f"stack not ready after {timeout_s} s; exited workers: {dead}")
             time.sleep(0.1)
+
+    def _ready(self, expected: dict[str, int]) -> bool:
+        try:
+            if not expected:  # nothing to count: the web answering at all is enough
+                return bool(urllib.request.urlopen(f"{self.url}/healthz", timeout=2).status)
+            listing = get_json(f"{self.url}/v1/models", headers=self._auth())
+        except urllib.error.HTTPError:
+            return not expected
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return False
+        served = {m["name"]: len(m["workers"]) for m in listing["models"]}
+        return all(served.get(model, 0) >= n for model, n in expected.items())
+
+    def _auth(self) -> dict:
+        """The management routes need a key when the web tier has API keys."""
+        keys = self.web_env.get("FUNNEL_API_KEYS") or os.environ.get("FUNNEL_API_KEYS", "")
+        first = keys.split(",")[0].strip()
+        return {"Authorization": f"Bearer {first}"} if first else {}
 
     def stop(self) -> None:
         procs = [p for p in [*self.workers, self.web] if p and p.poll() is None]

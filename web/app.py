@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from common import tasks
 from common.connection import connect
-from common.errors import REPLY_STATUS, FunnelError, NotFound
+from common.errors import REPLY_STATUS, FunnelError, NotFound, Unavailable
 from common.keys import Keys
 from common.store import ModelSpec, list_models, load_spec
 from common.wire import Reply
@@ -70,8 +70,14 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
             response.headers["Retry-After"] = "1"
         return response
 
+    @app.errorhandler(redis.RedisError)
+    def redis_error(exc: redis.RedisError):
+        return funnel_error(Unavailable(f"queue unavailable: {type(exc).__name__}"))
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
+        if exc.code == 413:
+            drain_body(request)
         code = (exc.name or "error").lower().replace(" ", "_")
         response = jsonify({"error": {"code": code, "message": exc.description}})
         response.status_code = exc.code or 500
@@ -138,10 +144,26 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     return app
 
 
+DRAIN_LIMIT = 64 * 1024 * 1024
+
+
+def drain_body(req) -> None:
+    """Read and drop an oversized body, so the client reads our 413 instead of a reset."""
+    length = req.content_length or 0
+    if length > DRAIN_LIMIT:
+        return
+    stream = req.environ.get("wsgi.input")
+    while length > 0 and stream is not None:
+        chunk = stream.read(min(length, 1 << 16))
+        if not chunk:
+            break
+        length -= len(chunk)
+
+
 def live_workers(client: redis.Redis, keys: Keys) -> list[dict]:
     """Workers whose heartbeat hash has not expired."""
     try:
-        ids = sorted(i.decode() for i in client.smembers(keys.workers()))
+        ids = sorted(i.decode() for i in client.hkeys(keys.workers()))
         pipe = client.pipeline(transaction=False)
         for worker_id in ids:
             pipe.hgetall(keys.worker(worker_id))

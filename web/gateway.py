@@ -13,9 +13,19 @@ from common.keys import Keys
 from common.wire import Job, Reply, decode_reply, encode_job, now_ms
 
 
+# LPUSH the jobs only if the queue is shorter than ARGV[1] (0: no limit), in
+# one step, so concurrent requests cannot overfill it. Returns -1 when full.
+_PUSH_BOUNDED = """
+local limit = tonumber(ARGV[1])
+if limit > 0 and redis.call('LLEN', KEYS[1]) >= limit then return -1 end
+return redis.call('LPUSH', KEYS[1], unpack(ARGV, 2))
+"""
+
+
 class Gateway:
     def __init__(self, client: redis.Redis, keys: Keys, max_queue: int = 0):
         self.client, self.keys, self.max_queue = client, keys, max_queue
+        self._push = client.register_script(_PUSH_BOUNDED)
 
     def submit(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float) -> list[Reply]:
         """Queue one job per input and return their replies, in input order."""
@@ -27,9 +37,8 @@ class Gateway:
                             reply_to=self.keys.reply(job_id), deadline=deadline))
         queue = self.keys.queue(model)
         try:
-            if self.max_queue and self.client.llen(queue) >= self.max_queue:
+            if self._push(keys=[queue], args=[self.max_queue, *map(encode_job, jobs)]) < 0:
                 raise Overloaded(f"the {model} queue is full; retry shortly")
-            self.client.lpush(queue, *[encode_job(job) for job in jobs])
             return self._await(jobs, deadline)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None

@@ -1,7 +1,8 @@
 """Registration and heartbeat: funnel:worker:<id> lives while its worker does.
 
-A thread refreshes the hash's TTL on its own clock, so a long batch never
-makes a live worker look dead.
+A thread refreshes the key's TTL on its own clock, so a long batch never
+makes a live worker look dead, and on the same clock sweeps for dead peers
+whose jobs need recovering.
 """
 
 from __future__ import annotations
@@ -15,22 +16,27 @@ import time
 import redis
 
 from common.keys import Keys
+from worker.recovery import Recovery
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
     def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, info: dict,
-                 ttl_s: float = 10.0):
+                 recovery: Recovery, ttl_s: float = 10.0):
         self.client, self.keys, self.worker_id = client, keys, worker_id
         self.info = {**info, "pid": os.getpid(), "host": socket.gethostname(),
                      "started": time.time()}
-        self.ttl_s = ttl_s
-        self.counters: dict[str, int] = {"batches": 0, "jobs": 0, "expired": 0, "dead": 0}
+        self.recovery, self.ttl_s = recovery, ttl_s
+        self.counters: dict[str, int] = {"batches": 0, "jobs": 0, "expired": 0, "dead": 0,
+                                         "recovered": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
+        # A previous life under this id is over: recover what it held, then register.
+        self.client.delete(self.keys.worker(self.worker_id))
+        self.count(recovered=self.recovery.recover(self.worker_id, self.info["model"]))
         self.beat()
         self._thread.start()
 
@@ -43,22 +49,25 @@ class Heartbeat:
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping={**self.info, **self.counters, "seen": time.time()})
         pipe.pexpire(key, int(self.ttl_s * 1000))
-        pipe.sadd(self.keys.workers(), self.worker_id)
+        pipe.hset(self.keys.workers(), self.worker_id, self.info["model"])
         pipe.execute()
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 self.beat()
+                self.count(recovered=self.recovery.sweep())
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
     def stop(self) -> None:
-        """Stop beating and deregister."""
+        """Stop beating and deregister; jobs still held stay registered for recovery."""
         self._stop.set()
-        self._thread.join(timeout=self.ttl_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.ttl_s)
         try:
             self.client.delete(self.keys.worker(self.worker_id))
-            self.client.srem(self.keys.workers(), self.worker_id)
+            if not self.client.exists(self.keys.inflight(self.worker_id)):
+                self.client.hdel(self.keys.workers(), self.worker_id)
         except redis.RedisError as exc:
             log.warning("could not deregister: %s", exc)

@@ -18,6 +18,7 @@ from worker import batch as batching
 from worker.heartbeat import Heartbeat
 from worker.linger import FixedLinger
 from worker.queue import JobQueue
+from worker.recovery import Recovery
 from worker.reply import answer
 from worker.settings import WorkerSettings
 
@@ -35,11 +36,12 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     keys = Keys(settings.prefix)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
     queue = JobQueue(client, keys, spec.name, settings.worker_id)
-    linger = FixedLinger(settings.linger_ms)
+    linger = FixedLinger(settings.linger_ms, stop)
+    recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "backend": settings.backend, "device": settings.device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms})
-    heartbeat.start()
+        "batch_size": batch_size, "linger_ms": settings.linger_ms}, recovery, settings.heartbeat_ttl_s)
+    retrying(heartbeat.start, stop)
     log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
              spec.name, batch_size, settings.linger_ms, keys.queue(spec.name))
     try:

@@ -30,6 +30,8 @@ class WorkerSettings:
     linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand")
     intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
+    heartbeat_ttl_s: float = setting(10.0, "a worker silent this long is dead and its jobs recovered")
+    max_attempts: int = setting(3, "runs of a job (its workers dying) before it is dead-lettered")
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
     log_level: str = setting("INFO", "logging level")
 

@@ -117,3 +117,22 @@ def test_any_array_round_trips_exactly(array):
     back = wire.decode_job(wire.encode_job(make_job(t=array))).inputs["t"]
     assert back.dtype == array.dtype and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
+
+
+VALID_JOB = wire.encode_job(make_job(t=np.arange(6, dtype=np.float32).reshape(2, 3)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(VALID_JOB) - 1), st.integers(0, 255)), max_size=4),
+       st.integers(0, len(VALID_JOB)))
+def test_corrupted_valid_jobs_decode_or_fail_cleanly(flips, cut):
+    """Near-valid messages (bytes flipped, tail cut) reach deeper checks than random bytes."""
+    data = bytearray(VALID_JOB[:cut] if cut else VALID_JOB)
+    for index, value in flips:
+        if index < len(data):
+            data[index] = value
+    try:
+        job = wire.decode_job(bytes(data))
+    except WireError:
+        return
+    assert isinstance(job, Job) and all(isinstance(t, np.ndarray) for t in job.inputs.values())

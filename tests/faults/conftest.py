@@ -1,0 +1,133 @@
+"""Fault tests: real redis-server, real web and worker processes, bounded load on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import redis
+
+from common.store import load_spec
+from common.tasks import Limits, text_embedding
+from scripts.stack import Stack
+from tests.conftest import http
+
+TEXT = "text-embedding"
+FAST_HEARTBEAT = {"FUNNEL_HEARTBEAT_TTL_S": "2"}
+
+
+@dataclass
+class Outcome:
+    """What a run of requests came to: the closing note's fault table is made of these."""
+
+    sent: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    wrong: int = 0  # answered 200 with somebody else's result
+    slowest_s: float = 0.0
+
+    def add(self, status: int, seconds: float, correct: bool = True) -> None:
+        self.sent += 1
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        self.wrong += status == 200 and not correct
+        self.slowest_s = max(self.slowest_s, seconds)
+
+    @property
+    def ok(self) -> int:
+        return self.statuses.get(200, 0)
+
+
+def texts(n: int, tag: str) -> list[str]:
+    return [f"{tag} request {i}: {'the quick brown fox ' * (i % 5)}jumps" for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def expected_embeddings(model_store):
+    """Reference embeddings computed in-process, to catch any mixed-up answer."""
+    from worker.backend import load
+
+    spec = load_spec(model_store, TEXT)
+    model = load(spec, "onnx", "cpu")
+
+    def embed(batch: list[str]) -> dict[str, np.ndarray]:
+        out = {}
+        for text in batch:
+            item = text_embedding.preprocess(text, spec, Limits())
+            out[text] = model.run(text_embedding.collate([item], spec))["embedding"][0]
+        return out
+
+    return embed
+
+
+def send_texts(stack: Stack, batch: list[str], expected: dict, outcome: Outcome,
+               clients: int = 16, progress: threading.Semaphore | None = None) -> None:
+    url = f"{stack.url}/v1/models/{TEXT}/predict"
+
+    def one(text: str) -> None:
+        started = time.monotonic()
+        status, body, _ = http("POST", url, json_body={"text": text}, timeout=60)
+        correct = status != 200 or np.allclose(body["embedding"], expected[text], atol=1e-4)
+        outcome.add(status, time.monotonic() - started, correct)
+        if progress:
+            progress.release()
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(one, batch))
+
+
+def stray_replies(client: redis.Redis) -> int:
+    """Replies nobody read: a job answered twice leaves its second reply here."""
+    return len(client.keys("funnel:reply:*"))
+
+
+def freeze_holding_jobs(client: redis.Redis, proc, worker_id: str, timeout_s: float = 30) -> int:
+    """SIGSTOP the worker at a moment it holds jobs; returns how many it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        os.kill(proc.pid, signal.SIGSTOP)
+        held = client.llen(f"funnel:inflight:{worker_id}")
+        if held:
+            return held
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.005)
+    raise TimeoutError(f"worker {worker_id} never held a job")
+
+
+def wait_for(condition, timeout_s: float = 30, interval_s: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(interval_s)
+
+
+FAULT_TABLE: list[tuple[str, Outcome, int]] = []
+
+
+@pytest.fixture()
+def report(request):
+    """Record a fault's outcome for the summary table printed at the end of the run."""
+    def record(outcome: Outcome, stray: int) -> None:
+        FAULT_TABLE.append((request.node.name, outcome, stray))
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FAULT_TABLE:
+        return
+    write = terminalreporter.write_line
+    write("")
+    write("| fault | sent | succeeded | failed (status: count) | answered twice | lost | wrong answer |")
+    write("|---|---|---|---|---|---|---|")
+    for name, o, stray in FAULT_TABLE:
+        failed = ", ".join(f"{s}: {n}" for s, n in sorted(o.statuses.items()) if s != 200) or "none"
+        lost = o.sent - sum(o.statuses.values())
+        write(f"| {name} | {o.sent} | {o.ok} | {failed} | {stray} | {lost} | {o.wrong} |")

@@ -1,0 +1,48 @@
+"""Redis stopped under load: requests fail fast with 503, then succeed again, with no process restarted."""
+
+import threading
+import time
+
+from scripts.stack import Stack
+from tests.conftest import http
+from tests.faults.conftest import FAST_HEARTBEAT, TEXT, Outcome, send_texts, texts, wait_for
+
+
+def test_redis_down_then_back(model_store, tmp_path, expected_embeddings, report):
+    before, during, after = texts(60, "before"), texts(40, "during"), texts(60, "after")
+    expected = expected_embeddings(before + during + after)
+    with Stack(model_store=model_store, models=[TEXT], log_dir=tmp_path, worker_env=FAST_HEARTBEAT) as stack:
+        pids = [p.pid for p in [stack.web, *stack.workers]]
+        outcome = Outcome()
+        send_texts(stack, before, expected, outcome, clients=8)
+        assert outcome.ok == len(before)
+
+        # Stop Redis while requests are in flight.
+        load = threading.Thread(target=send_texts, args=(stack, during, expected, outcome, 8))
+        load.start()
+        stack.redis.stop()
+        load.join(timeout=60)
+        assert not load.is_alive()
+        down = Outcome()
+        send_texts(stack, texts(20, "down"), {}, down, clients=4)
+        assert down.statuses == {503: 20}, down.statuses
+        assert down.slowest_s < 1.5  # fast, no hang
+        status, health, _ = http("GET", f"{stack.url}/healthz")
+        assert status == 503
+
+        stack.redis.start()  # same port, empty: queues are transient
+        wait_for(lambda: http("POST", f"{stack.url}/v1/models/{TEXT}/predict",
+                              json_body={"text": "are you back?"})[0] == 200, timeout_s=30,
+                 interval_s=0.2, what="service back after Redis restart")
+        send_texts(stack, after, expected, outcome, clients=8)
+        assert [p.pid for p in [stack.web, *stack.workers]] == pids
+        assert all(p.poll() is None for p in [stack.web, *stack.workers])
+    for extra in (down,):
+        for status, n in extra.statuses.items():
+            for _ in range(n):
+                outcome.add(status, extra.slowest_s)
+    report(outcome, 0)
+    assert set(outcome.statuses) <= {200, 503}, outcome.statuses  # never a 500 or a hang
+    assert outcome.statuses[200] >= len(before) + len(after)
+    assert outcome.wrong == 0
+    assert outcome.sent == len(before) + len(during) + 20 + len(after)

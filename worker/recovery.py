@@ -1,0 +1,91 @@
+"""Recovering the jobs of a dead worker.
+
+A worker whose heartbeat key has expired is dead. A live peer (or the same
+worker id on restart) claims its in-flight list once, atomically, and puts
+each job back at the old end of its queue with one more attempt; a job past
+the attempt limit gets an error reply and goes to the dead-letter list.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from common.keys import Keys
+from common.wire import Reply, WireError, decode_job, encode_job, encode_reply
+
+log = logging.getLogger(__name__)
+
+LOCK_MS = 30_000  # a claimer that dies mid-recovery releases the claim after this
+
+# KEYS: heartbeat, in-flight, recovering, lock. ARGV: claimer id, lock ms.
+# Moves the dead worker's in-flight jobs to its recovering list, unless the
+# worker is alive or another peer holds the claim.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if not redis.call('SET', KEYS[4], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local job = redis.call('RPOPLPUSH', KEYS[2], KEYS[3])
+while job do job = redis.call('RPOPLPUSH', KEYS[2], KEYS[3]) end
+return 1
+"""
+
+
+class Recovery:
+    def __init__(self, client: redis.Redis, keys: Keys, claimer_id: str, max_attempts: int,
+                 reply_ttl_s: int):
+        self.client, self.keys, self.claimer_id = client, keys, claimer_id
+        self.max_attempts, self.reply_ttl_s = max_attempts, reply_ttl_s
+        self._claim = client.register_script(_CLAIM)
+
+    def sweep(self) -> int:
+        """Recover every registered worker whose heartbeat has expired; jobs requeued."""
+        recovered = 0
+        for worker_id, model in self.client.hgetall(self.keys.workers()).items():
+            recovered += self.recover(worker_id.decode(), model.decode())
+        return recovered
+
+    def recover(self, worker_id: str, model: str) -> int:
+        k = self.keys
+        lock = k.recovering(worker_id) + ":lock"
+        claimed = self._claim(keys=[k.worker(worker_id), k.inflight(worker_id),
+                                    k.recovering(worker_id), lock],
+                              args=[self.claimer_id, LOCK_MS])
+        if not claimed:
+            return 0
+        raws = self.client.lrange(k.recovering(worker_id), 0, -1)[::-1]  # oldest first
+        requeue: dict[str, list[bytes]] = {}
+        pipe = self.client.pipeline(transaction=True)
+        for raw in raws:
+            self._sort(raw, model, requeue, pipe)
+        for queue, jobs in requeue.items():
+            # RPUSH oldest last: the oldest job ends at the right, taken first.
+            pipe.rpush(queue, *jobs[::-1])
+        pipe.delete(k.recovering(worker_id), lock)
+        pipe.hdel(k.workers(), worker_id)
+        pipe.execute()
+        count = sum(len(jobs) for jobs in requeue.values())
+        if raws:
+            log.warning("recovered %d of %d jobs held by dead worker %s", count, len(raws), worker_id)
+        return count
+
+    def _sort(self, raw: bytes, model: str, requeue: dict, pipe) -> None:
+        """Requeue a job with one more attempt, or dead-letter it with an error reply."""
+        try:
+            job = decode_job(raw)
+            queue = self.keys.queue(job.model)
+        except (WireError, ValueError):
+            pipe.lpush(self.keys.dead(model), raw)
+            return
+        job.attempt += 1
+        if job.attempt < self.max_attempts:
+            requeue.setdefault(queue, []).append(encode_job(job))
+            return
+        log.error("job %s failed %d attempts; dead-lettered", job.id, job.attempt)
+        pipe.lpush(self.keys.dead(job.model), raw)
+        if self.keys.is_reply(job.reply_to):
+            reply = Reply.failure(job.id, "too_many_attempts",
+                                  f"the workers running this job died {job.attempt} times")
+            pipe.lpush(job.reply_to, encode_reply(reply))
+            pipe.expire(job.reply_to, self.reply_ttl_s)
+
