@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements/*.txt scripts/install.sh
+$(STAMP): $(wildcard requirements/*.txt) scripts/install.sh
 	bash scripts/install.sh
 	touch $@
 

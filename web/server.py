@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 
 from gunicorn.app.base import BaseApplication
 
-from web.app import create_app
 from web.settings import WebSettings
+
+
+def metrics_dir() -> str:
+    """A fresh directory where every gunicorn process writes its Prometheus counters.
+
+    Must be in the environment before prometheus_client is first imported.
+    """
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="funnel-metrics-")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
+def child_exit(server, worker) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
 
 
 class WebServer(BaseApplication):
@@ -28,9 +48,12 @@ class WebServer(BaseApplication):
         self.cfg.set("keepalive", 5)
         self.cfg.set("loglevel", s.log_level)
         self.cfg.set("proc_name", "funnel-web")
+        self.cfg.set("child_exit", child_exit)
 
     def load(self):
         # Runs in each gunicorn worker after the fork: its own Redis pool.
+        from web.app import create_app
+
         return create_app(self.settings)
 
 
@@ -38,5 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = WebSettings.load(argv)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics_dir()
     WebServer(settings).run()
     return 0

@@ -29,6 +29,7 @@ class WebSettings:
     processes: int = setting(2, "gunicorn worker processes")
     threads: int = setting(64, "threads per gunicorn process (each waits on one request)")
     log_level: str = setting("info", "logging level")
+    access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")
     limits: Limits = field(init=False, repr=False, default=None)
 
     def __post_init__(self):

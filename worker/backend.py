@@ -75,19 +75,11 @@ class TorchBackend:
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
-def cuda_available(backend: str) -> bool:
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    import onnxruntime as ort
-
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
 def load(spec, backend: str, device: str, threads: int = 0):
-    if device == "auto":
-        device = "cuda:0" if cuda_available(backend) else "cpu"
+    if device == "auto":  # the worker resolves auto first (worker/device.py); others get the first GPU
+        from worker.device import cuda_devices
+
+        device = (cuda_devices(backend) or ["cpu"])[0]
     model = BACKENDS[backend](spec, device, threads)
     log.info("loaded %s with %s", spec.name, model.description)
     return model

@@ -27,6 +27,11 @@ class Batch:
     replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
     dead: list[bytes] = field(default_factory=list)
     expired: int = 0
+    infer_ms: float = 0.0
+
+    @property
+    def errors(self) -> int:
+        return sum(not reply.ok for _, reply in self.replies)
 
 
 def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str) -> Batch:
@@ -91,7 +96,7 @@ def run(batch: Batch, task, backend, spec, worker_id: str) -> None:
                 results.append(_infer([job], task, backend, spec)[0])
             except Exception as exc:  # this item alone is at fault
                 results.append(exc)
-    infer_ms = (time.perf_counter() - clock) * 1000
+    infer_ms = batch.infer_ms = (time.perf_counter() - clock) * 1000
     for job, result in zip(runnable, results):
         meta = {"worker": worker_id, "batch_size": len(runnable),
                 "queue_ms": max(0, started - job.enqueued), "infer_ms": infer_ms}

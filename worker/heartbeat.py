@@ -17,6 +17,7 @@ import redis
 
 from common.keys import Keys
 from worker.recovery import Recovery
+from worker.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +29,21 @@ class Heartbeat:
         self.info = {**info, "pid": os.getpid(), "host": socket.gethostname(),
                      "started": time.time()}
         self.recovery, self.ttl_s = recovery, ttl_s
-        self.counters: dict[str, int] = {"batches": 0, "jobs": 0, "expired": 0, "dead": 0,
-                                         "recovered": 0}
+        self.stats = Stats()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
         # A previous life under this id is over: recover what it held, then register.
         self.client.delete(self.keys.worker(self.worker_id))
-        self.count(recovered=self.recovery.recover(self.worker_id, self.info["model"]))
+        self.stats.add(recovered=self.recovery.recover(self.worker_id, self.info["model"]))
         self.beat()
         self._thread.start()
-
-    def count(self, **increments: int) -> None:
-        for name, n in increments.items():
-            self.counters[name] = self.counters.get(name, 0) + n
 
     def beat(self) -> None:
         key = self.keys.worker(self.worker_id)
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={**self.info, **self.counters, "seen": time.time()})
+        pipe.hset(key, mapping={**self.info, **self.stats.fields(), "seen": time.time()})
         pipe.pexpire(key, int(self.ttl_s * 1000))
         pipe.hset(self.keys.workers(), self.worker_id, self.info["model"])
         pipe.execute()
@@ -56,7 +52,7 @@ class Heartbeat:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 self.beat()
-                self.count(recovered=self.recovery.sweep())
+                self.stats.add(recovered=self.recovery.sweep())
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
 

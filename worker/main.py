@@ -15,6 +15,7 @@ from common.keys import Keys
 from common.store import load_spec
 from worker import backend as backends
 from worker import batch as batching
+from worker import device as devices
 from worker.heartbeat import Heartbeat
 from worker.linger import FixedLinger
 from worker.queue import JobQueue
@@ -23,6 +24,7 @@ from worker.reply import answer
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("funnel.worker")
+batch_log = logging.getLogger("funnel.worker.batch")
 
 BLOCK_S = 1.0  # longest idle wait, so a stop request is seen within a second
 MAX_BACKOFF_S = 2.0
@@ -31,15 +33,19 @@ MAX_BACKOFF_S = 2.0
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     spec = load_spec(settings.model_store, settings.model)
     task = tasks.get(spec.task)
-    model = backends.load(spec, settings.backend, settings.device, settings.intra_op_threads)
-    batch_size = settings.batch_size or spec.batch_size
     keys = Keys(settings.prefix)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
+    device = retrying(lambda: devices.resolve(settings.device, settings.devices, settings.backend,  # auto
+                                              client, keys, settings.worker_id), stop)
+    if device is None:  # stopped while Redis was down
+        return
+    model = backends.load(spec, settings.backend, device, settings.intra_op_threads)
+    batch_size = settings.batch_size or spec.batch_size
     queue = JobQueue(client, keys, spec.name, settings.worker_id)
     linger = FixedLinger(settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
-        "model": spec.name, "backend": settings.backend, "device": settings.device,
+        "model": spec.name, "backend": settings.backend, "device": device,
         "batch_size": batch_size, "linger_ms": settings.linger_ms}, recovery, settings.heartbeat_ttl_s)
     retrying(heartbeat.start, stop)
     log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
@@ -54,11 +60,19 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
             retrying(lambda: answer(client, keys, settings.worker_id, spec.name,    # reply
                                     batch.replies, batch.dead, settings.reply_ttl_s),
                      stop, until_done=True)
-            heartbeat.count(batches=1, jobs=len(batch.jobs), expired=batch.expired,
-                            dead=len(batch.dead))
+            record(heartbeat.stats, batch, queue.last_wait_s, spec.name, settings.log_batches)
     finally:
         heartbeat.stop()
     log.info("worker %s stopped", settings.worker_id)
+
+
+def record(stats, batch: batching.Batch, wait_s: float, model: str, log_it: bool) -> None:
+    stats.batch(len(batch.jobs), batch.errors, batch.infer_ms / 1000, wait_s)
+    stats.add(expired=batch.expired, dead=len(batch.dead))
+    if log_it:
+        batch_log.info("batch model=%s size=%d errors=%d expired=%d dead=%d wait_ms=%.1f infer_ms=%.1f",
+                       model, len(batch.jobs), batch.errors, batch.expired, len(batch.dead),
+                       wait_s * 1000, batch.infer_ms)
 
 
 def retrying(call, stop: threading.Event, until_done: bool = False):

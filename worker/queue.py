@@ -34,6 +34,7 @@ class JobQueue:
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, or from a take cut short by a Redis error.
         self._maybe_leftovers = True
+        self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
 
     def take(self, batch_size: int, linger, block_s: float) -> list[bytes]:
         """Block up to block_s for the oldest job, then fill the batch.
@@ -65,6 +66,7 @@ class JobQueue:
             # Poll rather than block: Redis checks blocking timeouts only about
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.
             time.sleep(min(remaining, POLL_S))
+        self.last_wait_s = time.monotonic() - started
         return jobs
 
     def depth(self) -> int:

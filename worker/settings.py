@@ -26,6 +26,8 @@ class WorkerSettings:
     prefix: str = setting("funnel", "prefix of every Redis key")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
     device: str = setting("cpu", "cpu, cuda:N or auto")
+    devices: list[str] = setting([], "candidates for --device auto, comma-separated "
+                                     "(default: every CUDA device the backend sees)")
     batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
     linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand")
     intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
@@ -34,6 +36,7 @@ class WorkerSettings:
     max_attempts: int = setting(3, "runs of a job (its workers dying) before it is dead-lettered")
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
     log_level: str = setting("INFO", "logging level")
+    log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> "WorkerSettings":

@@ -27,7 +27,7 @@ def test_redis_down_then_back(model_store, tmp_path, expected_embeddings, report
         send_texts(stack, texts(20, "down"), {}, down, clients=4)
         assert down.statuses == {503: 20}, down.statuses
         assert down.slowest_s < 1.5  # fast, no hang
-        status, health, _ = http("GET", f"{stack.url}/healthz")
+        status, health, _ = http("GET", f"{stack.url}/readyz")
         assert status == 503
 
         stack.redis.start()  # same port, empty: queues are transient

@@ -43,6 +43,7 @@ def test_a_valid_key_opens_it(guarded, token):
 
 def test_health_stays_open_for_probes(guarded):
     assert call(guarded, "/healthz")[0] == 200
+    assert call(guarded, "/readyz")[0] == 200
 
 
 def test_wrong_redis_password_is_503_not_a_hang(model_store, tmp_path):
@@ -53,4 +54,4 @@ def test_wrong_redis_password_is_503_not_a_hang(model_store, tmp_path):
             status, body, headers = call(stack, f"/v1/models/{TEXT}/predict", None, "POST",
                                          json_body={"text": "hi"})
             assert status == 503 and body["error"]["code"] == "unavailable"
-            assert call(stack, "/healthz")[0] == 503
+            assert call(stack, "/readyz")[0] == 503

@@ -1,0 +1,98 @@
+"""Look inside a running Funnel: queues, in-flight jobs, dead letters, workers, one job decoded.
+
+    python -m scripts.inspect [--redis-url URL] [--prefix funnel]            # summary
+    python -m scripts.inspect show funnel:queue:text-embedding [INDEX]       # a job as JSON
+    python -m scripts.inspect show funnel:dead:image-classifier 0
+
+Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
+left and taken from the right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis  # noqa: E402
+
+from common.keys import Keys  # noqa: E402
+from common.wire import WireError, decode_job  # noqa: E402
+
+
+def job_json(raw: bytes) -> dict:
+    """A job as readable JSON: tensors shown as dtype and shape, never their bytes."""
+    try:
+        job = decode_job(raw)
+    except WireError as exc:
+        return {"undecodable": str(exc), "bytes": len(raw), "head": raw[:32].hex()}
+    now = time.time() * 1000
+    return {
+        "id": job.id, "model": job.model, "reply_to": job.reply_to, "attempt": job.attempt,
+        "age_s": round((now - job.enqueued) / 1000, 3),
+        "deadline_in_s": round((job.deadline - now) / 1000, 3),
+        "inputs": {name: {"dtype": t.dtype.name, "shape": list(t.shape)} for name, t in job.inputs.items()},
+    }
+
+
+def keys_of(client: redis.Redis, pattern: str) -> list[str]:
+    return sorted(k.decode() for k in client.scan_iter(match=pattern, count=500))
+
+
+def summary(client: redis.Redis, keys: Keys) -> str:
+    lines = [f"{'queue':<44}{'jobs':>6}  oldest"]
+    for key in keys_of(client, f"{keys.prefix}:queue:*"):
+        oldest = client.lindex(key, -1)
+        age = f"{job_json(oldest).get('age_s', '?')} s" if oldest else "-"
+        lines.append(f"{key:<44}{client.llen(key):>6}  {age}")
+    lines += ["", f"{'in flight':<44}{'jobs':>6}  worker"]
+    for key in keys_of(client, f"{keys.prefix}:inflight:*"):
+        worker_id = key.rsplit(":", 1)[1]
+        state = "alive" if client.exists(keys.worker(worker_id)) else "DEAD (awaiting recovery)"
+        lines.append(f"{key:<44}{client.llen(key):>6}  {state}")
+    lines += ["", f"{'dead letters':<44}{'jobs':>6}"]
+    for key in keys_of(client, f"{keys.prefix}:dead:*"):
+        lines.append(f"{key:<44}{client.llen(key):>6}")
+    lines += ["", "workers (live)"]
+    for worker_id in sorted(k.decode() for k in client.hkeys(keys.workers())):
+        info = {k.decode(): v.decode() for k, v in client.hgetall(keys.worker(worker_id)).items()}
+        if not info:
+            lines.append(f"  {worker_id}: heartbeat expired")
+            continue
+        seen = time.time() - float(info.get("seen", 0))
+        lines.append(f"  {worker_id}: {info.get('model')} {info.get('backend')} {info.get('device')} "
+                     f"batch {info.get('batch_size')} | batches {info.get('batches')} items {info.get('items')} "
+                     f"errors {info.get('errors')} | seen {seen:.1f} s ago")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default=os.environ.get("FUNNEL_REDIS_URL", "redis://127.0.0.1:6390/0"))
+    parser.add_argument("--prefix", default=os.environ.get("FUNNEL_PREFIX", "funnel"))
+    parser.add_argument("command", nargs="?", default="summary", choices=["summary", "show"])
+    parser.add_argument("key", nargs="?", help="with show: a queue, in-flight or dead-letter list")
+    parser.add_argument("index", nargs="?", type=int, default=-1, help="with show: list index (-1: oldest)")
+    args = parser.parse_args(argv)
+    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=2)
+    keys = Keys(args.prefix)
+    if args.command == "summary":
+        print(summary(client, keys))
+        return 0
+    if not args.key:
+        parser.error("show needs a key, e.g. funnel:queue:text-embedding")
+    raw = client.lindex(args.key, args.index)
+    if raw is None:
+        print(f"{args.key}[{args.index}]: no such job", file=sys.stderr)
+        return 1
+    print(json.dumps(job_json(raw), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

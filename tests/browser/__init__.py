@@ -1,0 +1,1 @@
+"""The page at GET / in a real headless Chromium."""

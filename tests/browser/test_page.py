@@ -1,0 +1,204 @@
+"""The page at GET / in a real headless Chromium, against the whole stack (Redis, web, workers).
+
+Playwright drives the system Chromium (`apt-get install chromium`); without it the module skips.
+Every wait is on a DOM condition with a timeout; screenshots go to each test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from scripts.stack import Stack
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("Chromium is not installed: apt-get install chromium (requirements/apt-browser.txt)",
+                allow_module_level=True)
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright is not installed: pip install -r requirements/test-browser.txt")
+expect = sync_api.expect
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 30_000  # the longest any one DOM condition is waited for
+LAPTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."]
+
+pytestmark = pytest.mark.timeout(180)  # the first test also waits for the stack (at most 120 s)
+
+
+@pytest.fixture(scope="module")
+def stack(model_store, tmp_path_factory):
+    with Stack(model_store=model_store, log_dir=tmp_path_factory.mktemp("browser-stack")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium with a fresh profile for the module."""
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
+            headless=True, args=FLAGS, viewport=LAPTOP, timeout=WAIT_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture()
+def page(browser, stack):
+    """A fresh tab on the page; fails the test on a JavaScript error or a request off the stack."""
+    tab = browser.new_page()
+    tab.set_default_timeout(WAIT_MS)
+    errors, foreign = [], []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.on("request", lambda req: None if req.url.startswith((stack.url, "blob:", "data:"))
+           else foreign.append(req.url))
+    tab.goto(stack.url + "/")
+    yield tab
+    tab.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+    assert not foreign, f"the page fetched something that is not the stack's: {foreign}"
+
+
+def pick(page, model: str):
+    """Choose a model in the picker, as a person does, and return its panel."""
+    page.locator(".picker label", has_text=model).click()
+    panel = page.locator(f'section.panel[data-model="{model}"]')
+    expect(panel).to_be_visible()
+    return panel
+
+
+def wait_for(panel, state: str):
+    expect(panel).to_have_attribute("data-state", re.compile(f"^(?:{state}|error|done)$"), timeout=WAIT_MS)
+    if panel.get_attribute("data-state") != state:
+        pytest.fail(f"expected {state}, the panel shows: {panel.locator('.result').inner_text()}")
+
+
+def check_timings(panel):
+    timings = dict(zip(panel.locator(".timings dt").all_inner_texts(),
+                       panel.locator(".timings dd").all_inner_texts()))
+    assert {"round trip", "queue", "inference", "batch size"} <= set(timings), timings
+    for name in ("round trip", "queue", "inference"):
+        assert re.fullmatch(r"[\d.]+ ms(?:–[\d.]+ ms)?", timings[name]), timings
+    assert timings.get("worker") or timings.get("workers"), timings
+
+
+def no_horizontal_scroll(page):
+    width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], f"the page is wider than the window: {width}"
+
+
+def classify_cat(page, panel, cat_jpeg, tmp_path):
+    photo = tmp_path / "chelsea.jpg"
+    photo.write_bytes(cat_jpeg)
+    panel.locator("input[type=file]").set_input_files(photo)
+    wait_for(panel, "done")
+    return panel.locator(".top5 .label").all_inner_texts()
+
+
+def test_cat_photo_shows_cat_first_with_timings(page, cat_jpeg, tmp_path):
+    panel = pick(page, "image-classifier")
+    labels = classify_cat(page, panel, cat_jpeg, tmp_path)
+    assert len(labels) == 5 and "cat" in labels[0].lower(), labels
+    expect(panel.locator(".preview")).to_be_visible()
+    percents = [float(p.rstrip("%")) for p in panel.locator(".top5 .pct").all_inner_texts()]
+    assert percents == sorted(percents, reverse=True) and 0 < percents[0] <= 100, percents
+    check_timings(panel)
+    no_horizontal_scroll(page)
+    page.screenshot(path=tmp_path / "image-laptop.png", full_page=True)
+
+
+def test_sentence_similarity_table(page, tmp_path):
+    panel = pick(page, "text-embedding")
+    panel.locator("textarea").fill("\n".join(SENTENCES))
+    panel.get_by_role("button", name="Compare").click()
+    wait_for(panel, "done")
+
+    def cosine(i, j):
+        cell = panel.locator(f'td[data-i="{i}"][data-j="{j}"]')
+        return float(cell.get_attribute("data-value")), float(cell.inner_text())
+
+    (food_bread, shown), (food_baby, _) = cosine(0, 1), cosine(0, 2)
+    assert food_bread > food_baby, (food_bread, food_baby)
+    assert food_bread == pytest.approx(0.755, abs=0.01) and shown == pytest.approx(food_bread, abs=0.005)
+    assert cosine(1, 0)[0] == pytest.approx(food_bread, abs=1e-4) and cosine(0, 0)[0] == pytest.approx(1, abs=1e-3)
+    assert panel.locator(".sentences li").all_inner_texts() == SENTENCES
+    check_timings(panel)
+    page.screenshot(path=tmp_path / "text-laptop.png", full_page=True)
+
+
+def test_text_file_named_jpg_gives_a_readable_error(page, tmp_path):
+    fake = tmp_path / "notes.jpg"
+    fake.write_text("these are notes, not a picture\n")
+    panel = pick(page, "image-classifier")
+    panel.locator("input[type=file]").set_input_files(fake)
+    wait_for(panel, "error")
+    message = panel.locator(".error").inner_text()
+    assert "not an image" in message.lower(), message
+    assert "{" not in message and '"error"' not in message, message  # not raw JSON
+    expect(panel.locator(".preview")).to_be_hidden()  # named, not drawn as a broken image
+    expect(panel.locator(".drop .file")).to_contain_text("notes.jpg")
+    page.screenshot(path=tmp_path / "error-laptop.png", full_page=True)
+
+
+def error_reply(status, code, message, **headers):
+    return {"status": status, "headers": headers, "content_type": "application/json",
+            "body": json.dumps({"error": {"code": code, "message": message}})}
+
+
+@pytest.mark.parametrize("reply, title, detail", [
+    (error_reply(413, "request_entity_too_large", "The data value transmitted exceeds the capacity limit."),
+     "File too large", "capacity limit"),
+    (error_reply(503, "overloaded", "the text-embedding queue is full; retry shortly", **{"Retry-After": "1"}),
+     "Server busy, try again", "queue is full"),
+    (error_reply(504, "timeout", "no reply before the deadline"), "Timed out", "deadline"),
+    (error_reply(401, "unauthorized", "send a valid API key as 'Authorization: Bearer <key>'"),
+     "API key", "Bearer"),
+    ({"status": 502, "content_type": "text/html", "body": "<html><h1>Bad Gateway</h1></html>"},
+     "Server unreachable", "HTTP 502"),
+    (None, "Could not reach the server", ""),
+], ids=["413", "503", "504", "401", "502-html", "network-down"])
+def test_error_statuses_read_as_sentences(page, reply, title, detail):
+    """Statuses the stack gives only under load or misconfiguration, answered here by the browser's router."""
+    page.route("**/v1/models/*/predict",
+               lambda route: route.fulfill(**reply) if reply else route.abort("connectionrefused"))
+    panel = pick(page, "text-embedding")
+    panel.locator("textarea").fill("A man is eating food.")
+    panel.get_by_role("button", name="Compare").click()
+    wait_for(panel, "error")
+    message = panel.locator(".error").inner_text()
+    assert title in message and detail in message and "{" not in message, message
+    expect(panel.get_by_role("button", name="Compare")).to_be_enabled()
+
+
+def test_phone_width_layout_and_drag_and_drop(page, cat_jpeg, tmp_path):
+    page.set_viewport_size(PHONE)
+    panel = pick(page, "image-classifier")
+    # Drop the photo on the drop zone: a DataTransfer holding a File, as a real drag brings.
+    transfer = page.evaluate_handle("""bytes => {
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([new Uint8Array(bytes)], "chelsea.jpg", {type: "image/jpeg"}));
+        return transfer;
+    }""", list(cat_jpeg))
+    panel.locator(".drop").dispatch_event("drop", {"dataTransfer": transfer})
+    wait_for(panel, "done")
+    assert "cat" in panel.locator(".top5 .label").first.inner_text().lower()
+    drop, result = panel.locator(".drop").bounding_box(), panel.locator(".result").bounding_box()
+    assert result["y"] >= drop["y"] + drop["height"], "at phone width the result goes under the image"
+    no_horizontal_scroll(page)
+    page.screenshot(path=tmp_path / "image-phone.png", full_page=True)
+
+    panel = pick(page, "text-embedding")
+    panel.locator("textarea").fill("\n".join(SENTENCES))
+    panel.locator("textarea").press("Control+Enter")
+    wait_for(panel, "done")
+    expect(panel.locator(".matrix td")).to_have_count(9)
+    no_horizontal_scroll(page)
+    page.screenshot(path=tmp_path / "text-phone.png", full_page=True)
