@@ -126,12 +126,12 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
                         headers={"Content-Type": "image/jpeg"})
     assert status == 504  # nobody serves images: the job waits in the queue
     env_url = ["--redis-url", idle.redis_url]
-    out = subprocess.run([sys.executable, "-m", "scripts.inspect", *env_url], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "scripts.inspect_redis", *env_url], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert re.search(rf"funnel:queue:{IMAGE}\s+1\s+\d+\.\d+ s", out), out
     assert re.search(rf": {TEXT} onnx cpu batch 32", out), out
     shown = json.loads(subprocess.run(
-        [sys.executable, "-m", "scripts.inspect", *env_url, "show", f"funnel:queue:{IMAGE}"],
+        [sys.executable, "-m", "scripts.inspect_redis", *env_url, "show", f"funnel:queue:{IMAGE}"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout)
     assert shown["model"] == IMAGE and shown["inputs"] == {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}}
     assert shown["deadline_in_s"] < 0 and shown["attempt"] == 0

@@ -1,8 +1,8 @@
 """Look inside a running Funnel: queues, in-flight jobs, dead letters, workers, one job decoded.
 
-    python -m scripts.inspect [--redis-url URL] [--prefix funnel]            # summary
-    python -m scripts.inspect show funnel:queue:text-embedding [INDEX]       # a job as JSON
-    python -m scripts.inspect show funnel:dead:image-classifier 0
+    python -m scripts.inspect_redis [--redis-url URL] [--prefix funnel]            # summary
+    python -m scripts.inspect_redis show funnel:queue:text-embedding [INDEX]       # a job as JSON
+    python -m scripts.inspect_redis show funnel:dead:image-classifier 0
 
 Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
 left and taken from the right.
