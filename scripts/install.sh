@@ -36,8 +36,10 @@ if ! "$VENV/bin/python" -c "import PIL, sys; sys.exit('.post' not in PIL.__versi
     if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq && apt-get install -y -qq libjpeg-dev zlib1g-dev >/dev/null
     fi
-    "${PIP[@]}" uninstall -y -q pillow
-    if ! "${PIP[@]}" install -q --no-deps "$PILLOW_SIMD"; then
+    # Both distributions own PIL/: remove whichever is there, then reinstall
+    # Pillow-SIMD whole (its files may be gone while its metadata remains).
+    "${PIP[@]}" uninstall -y -q pillow pillow-simd 2>/dev/null || true
+    if ! "${PIP[@]}" install -q --no-deps --force-reinstall "$PILLOW_SIMD"; then
         echo "install: $PILLOW_SIMD did not build (no libjpeg/zlib headers?); using plain Pillow" >&2
         "${PIP[@]}" install -q pillow
     fi

@@ -24,6 +24,7 @@ from common.keys import Keys
 from common.store import ModelSpec, list_models, load_spec
 from common.wire import Reply
 from web import metrics as web_metrics
+from web import openapi
 from web.gateway import Gateway
 from web.registry import describe, live_workers, queue_lengths
 from web.settings import WebSettings
@@ -67,6 +68,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
     app.json.sort_keys = False
+    app.register_blueprint(openapi.blueprint)
 
     @app.errorhandler(FunnelError)
     def funnel_error(exc: FunnelError):
@@ -91,7 +93,8 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
 
     @app.before_request
     def check_api_key():
-        if not settings.api_keys or request.endpoint in ("healthz", "readyz", "index", "static"):
+        if not settings.api_keys or request.endpoint in ("healthz", "readyz", "index", "static",
+                                                         "openapi.document"):
             return None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip().encode()

@@ -53,6 +53,8 @@ class TorchBackend:
 
         if threads:
             torch.set_num_threads(threads)
+        if "torchscript" not in spec.config:
+            raise ValueError(f"{spec.name} has no TorchScript export: serve it with --backend onnx")
         gpu = _cuda_index(device)
         self.torch = torch
         self.device = torch.device("cpu" if gpu is None else f"cuda:{gpu}")

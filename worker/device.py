@@ -165,7 +165,7 @@ def resolve(requested: str, candidates: list[str], backend: str, client: redis.R
     """
     if requested != "auto":
         return check_device(requested)
-    found = list(candidates) or cuda_devices(backend)
+    found = list(dict.fromkeys(candidates)) or cuda_devices(backend)
     if not found:
         log.warning("device auto: the %s backend sees no CUDA device; running on the CPU", backend)
         return "cpu"

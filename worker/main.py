@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 
@@ -17,7 +18,8 @@ from worker import backend as backends
 from worker import batch as batching
 from worker import device as devices
 from worker.heartbeat import Heartbeat
-from worker.linger import FixedLinger
+from worker import linger as lingering
+from worker.allocator import preload_tcmalloc
 from worker.queue import JobQueue
 from worker.recovery import Recovery
 from worker.reply import answer
@@ -42,11 +44,12 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     model = backends.load(spec, settings.backend, device, settings.intra_op_threads)
     batch_size = settings.batch_size or spec.batch_size
     queue = JobQueue(client, keys, spec.name, settings.worker_id)
-    linger = FixedLinger(settings.linger_ms, stop)
+    linger = lingering.make(settings.linger_mode, settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "backend": settings.backend, "device": device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms}, recovery, settings.heartbeat_ttl_s)
+        "batch_size": batch_size, "linger_ms": settings.linger_ms, "linger_mode": settings.linger_mode},
+        recovery, settings.heartbeat_ttl_s)
     retrying(heartbeat.start, stop)
     log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
              spec.name, batch_size, settings.linger_ms, keys.queue(spec.name))
@@ -60,6 +63,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
             retrying(lambda: answer(client, keys, settings.worker_id, spec.name,    # reply
                                     batch.replies, batch.dead, settings.reply_ttl_s),
                      stop, until_done=True)
+            linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
             record(heartbeat.stats, batch, queue.last_wait_s, spec.name, settings.log_batches)
     finally:
         heartbeat.stop()
@@ -96,7 +100,10 @@ def retrying(call, stop: threading.Event, until_done: bool = False):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     settings = WorkerSettings.load(argv)
+    if settings.backend == "torch" and settings.device == "cpu" and settings.tcmalloc:
+        preload_tcmalloc(argv)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()

@@ -25,16 +25,19 @@ class WorkerSettings:
     redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
     prefix: str = setting("funnel", "prefix of every Redis key")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
-    device: str = setting("cpu", "cpu, cuda:N or auto")
+    device: str = setting("cpu", "cpu, cuda:N, or auto: the device with the fewest live workers")
     devices: list[str] = setting([], "candidates for --device auto, comma-separated "
                                      "(default: every CUDA device the backend sees)")
     batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
     linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand")
+    linger_mode: str = setting("adaptive", "adaptive: wait only when more jobs are expected soon "
+                               "enough to pay; fixed: always wait linger_ms", choices=["adaptive", "fixed"])
     intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
     heartbeat_ttl_s: float = setting(10.0, "a worker silent this long is dead and its jobs recovered")
     max_attempts: int = setting(3, "runs of a job (its workers dying) before it is dead-lettered")
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
+    tcmalloc: bool = setting(True, "preload tcmalloc for the torch backend on CPU, when installed")
     log_level: str = setting("INFO", "logging level")
     log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
 

@@ -12,7 +12,8 @@ from tests.faults.conftest import (FAST_HEARTBEAT, TEXT, Outcome, freeze_holding
 
 def text_stack(model_store, tmp_path, **web_env) -> Stack:
     return Stack(model_store=model_store, models=[TEXT], workers=[], log_dir=tmp_path,
-                 worker_env={**FAST_HEARTBEAT, "FUNNEL_LINGER_MS": "20", "FUNNEL_BATCH_SIZE": "8"},
+                 worker_env={**FAST_HEARTBEAT, "FUNNEL_LINGER_MS": "20", "FUNNEL_BATCH_SIZE": "8",
+                             "FUNNEL_LINGER_MODE": "fixed"},  # hold jobs for the whole linger
                  web_env=web_env)
 
 

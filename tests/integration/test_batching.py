@@ -27,7 +27,7 @@ def spec(model_store):
 @contextmanager
 def running_worker(redis_server, model_store, **flags):
     argv = ["--model", MODEL, "--model-store", str(model_store), "--redis-url", redis_server.url,
-            "--worker-id", "test-worker"]
+            "--worker-id", "test-worker", "--linger-mode", flags.pop("linger_mode", "fixed")]
     for name, value in flags.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
     stop = threading.Event()
@@ -84,6 +84,19 @@ def test_a_single_job_waits_at_most_the_linger(redis_client, redis_server, model
         elapsed = time.monotonic() - started
     assert reply.ok and reply.batch_size == 1
     assert 0.29 <= elapsed <= 0.3 + 1.0 + reply.infer_ms / 1000
+
+
+def test_adaptive_linger_does_not_make_a_lone_job_wait(redis_client, redis_server, model_store, spec,
+                                                       keys):
+    with running_worker(redis_server, model_store, batch_size=16, linger_ms=1000, linger_mode="adaptive"):
+        assert_worker_registered(redis_client, keys)
+        for text in ("one", "two", "three"):
+            job = text_job(spec, text, keys)
+            started = time.monotonic()
+            push(redis_client, keys, [job])
+            reply = await_reply(redis_client, job)
+            assert reply.ok and reply.batch_size == 1
+            assert time.monotonic() - started < 0.5  # far below the 1 s maximum linger
 
 
 def test_replies_land_on_their_own_keys(redis_client, redis_server, model_store, spec, keys):

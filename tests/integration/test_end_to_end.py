@@ -88,3 +88,13 @@ def test_concurrent_requests_get_their_own_answers(stack):
         np.testing.assert_allclose(body["embedding"], expected, atol=1e-5)
         batch_sizes.append(body["meta"]["batch_size"])
     assert max(batch_sizes) > 1  # they really were batched together
+
+
+def test_torch_workers_run_on_tcmalloc(stack):
+    from worker.allocator import tcmalloc_path
+
+    if stack.worker_env["FUNNEL_BACKEND"] != "torch" or not tcmalloc_path():
+        pytest.skip("tcmalloc is preloaded for the torch backend only, when libtcmalloc-minimal4 is installed")
+    for worker in stack.workers:
+        with open(f"/proc/{worker.pid}/maps") as maps:
+            assert "tcmalloc" in maps.read()

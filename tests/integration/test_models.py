@@ -60,3 +60,32 @@ def test_padding_does_not_change_an_embedding(text_batch):
         alone = model.run({"input_ids": feeds["input_ids"][row:row + 1, :n],
                            "attention_mask": feeds["attention_mask"][row:row + 1, :n]})["embedding"]
         np.testing.assert_allclose(batched[row], alone[0], atol=1e-5)
+
+
+def test_fused_transformer_graph(text_batch):
+    spec, _ = text_batch
+    assert spec.config["onnx_fusions"]["Attention"] == 6  # one per layer
+
+
+def test_int8_text_model_stays_close_to_fp32(model_store, tmp_path):
+    import random
+    import shutil
+
+    from common.store import load_spec
+
+    shutil.copytree(model_store / "text-embedding", tmp_path / "text-embedding")
+    prepare_model.prepare_quantized(tmp_path, "text-embedding")
+    fp32_spec, int8_spec = load_spec(tmp_path, "text-embedding"), load_spec(tmp_path, "text-embedding-int8")
+    random.seed(7)
+    words = ("the a man woman dog cat eats runs quickly market fell rose quantum computer sky blue red "
+             "music plays loud in on under over house car tree river mountain city").split()
+    sentences = SENTENCES + [" ".join(random.choice(words) for _ in range(random.randint(2, 40)))
+                             for _ in range(60)]
+    feeds = text_embedding.collate([text_embedding.preprocess(s, fp32_spec, LIMITS) for s in sentences],
+                                   fp32_spec)
+    fp32 = backends.load(fp32_spec, "onnx", "cpu").run(feeds)["embedding"]
+    int8 = backends.load(int8_spec, "onnx", "cpu").run(feeds)["embedding"]
+    cosine = (fp32 * int8).sum(axis=1)
+    assert cosine.min() >= 0.99, cosine.min()
+    with pytest.raises(ValueError, match="no TorchScript"):
+        backends.load(int8_spec, "torch", "cpu")

@@ -1,0 +1,347 @@
+"""A Python client for Funnel's HTTP API: the standard library only, safe to share between threads.
+
+    from common.client import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        top5 = client.predict("image-classifier", image="cat.jpg")["predictions"]
+        vector = client.predict("text-embedding", text="A man is eating food.")["embedding"]
+        futures = [client.submit("text-embedding", text=t) for t in texts]
+        vectors = [f.result()["embedding"] for f in futures]
+
+Every call returns the server's decoded JSON. A 503 is retried (at most
+`retries` times, waiting what its Retry-After header says, capped); any other
+failure raises a `FunnelHTTPError` subclass carrying the HTTP status and the
+server's error code and message.
+
+Each thread keeps one keep-alive connection to the server; `submit` runs the
+call on a thread pool inside the client and returns a
+`concurrent.futures.Future`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import mimetypes
+import os
+import socket
+import threading
+import time
+import urllib.parse
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, Iterable, Union
+
+__all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound", "ServerBusy",
+           "Timeout", "ServerError", "ConnectionFailed", "error_for"]
+
+ImageInput = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
+
+
+# -- errors ------------------------------------------------------------------
+
+
+class FunnelHTTPError(Exception):
+    """The server answered with an error, or could not be reached.
+
+    status: the HTTP status (None when no HTTP answer came back)
+    code: the server's stable error code (`empty_input`, `unknown_model`, ...)
+    message: the server's message
+    headers: the response headers (lower-case names)
+    """
+
+    def __init__(self, status: int | None, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(f"{status} {code}: {message}" if status is not None else f"{code}: {message}")
+        self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
+
+    def __reduce__(self):  # picklable, so it can cross process pools
+        return (type(self), (self.status, self.code, self.message, self.headers))
+
+
+class BadRequest(FunnelHTTPError):
+    """400, 413, 415 or 422: the request itself is wrong; sending it again will not help."""
+
+
+class Unauthorized(FunnelHTTPError):
+    """401 or 403: the server has API keys and the request's is missing or wrong."""
+
+
+class NotFound(FunnelHTTPError):
+    """404: no such model (or route)."""
+
+
+class ServerBusy(FunnelHTTPError):
+    """503 after every retry: the model's queue is full or the server cannot reach Redis."""
+
+
+class Timeout(FunnelHTTPError):
+    """504 (no reply before the server's deadline), or no answer within the client's timeout (status None)."""
+
+
+class ServerError(FunnelHTTPError):
+    """Any other 5xx: inference failed, or the server broke."""
+
+
+class ConnectionFailed(FunnelHTTPError):
+    """The server could not be reached or dropped the connection (status None)."""
+
+
+_BY_STATUS = {400: BadRequest, 413: BadRequest, 415: BadRequest, 422: BadRequest,
+              401: Unauthorized, 403: Unauthorized, 404: NotFound, 503: ServerBusy, 504: Timeout}
+
+
+def error_for(status: int, body: bytes, headers: dict[str, str] | None = None) -> FunnelHTTPError:
+    """The typed error for an HTTP error answer, from its {"error": {"code", "message"}} body."""
+    code, message = f"http_{status}", ""
+    try:
+        error = json.loads(body)["error"]
+        code, message = str(error.get("code") or code), str(error.get("message") or "")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        message = body[:500].decode("utf-8", errors="replace").strip()
+    cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else FunnelHTTPError)
+    return cls(status, code, message or http.client.responses.get(status, "error"), headers)
+
+
+# -- inputs ------------------------------------------------------------------
+
+_MAGIC = [(b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"), (b"GIF87a", "image/gif"),
+          (b"GIF89a", "image/gif"), (b"BM", "image/bmp"), (b"II*\x00", "image/tiff"),
+          (b"MM\x00*", "image/tiff")]
+
+
+def guess_image_type(data: bytes, name: str | None = None) -> str:
+    """The image/* content type of these bytes (by their magic number, then by file name)."""
+    head = bytes(data[:16])
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    guessed = mimetypes.guess_type(name)[0] if name else None
+    if guessed and guessed.startswith("image/"):
+        return guessed
+    return "application/octet-stream"  # the server reads it as an image all the same
+
+
+def read_image(image: ImageInput) -> tuple[bytes, str]:
+    """(bytes, content type) of an image given as bytes, a path, or a binary file-like object."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data, name = bytes(image), None
+    elif isinstance(image, (str, os.PathLike)):
+        name = os.fspath(image)
+        with open(name, "rb") as handle:
+            data = handle.read()
+    elif hasattr(image, "read"):
+        data = image.read()
+        if isinstance(data, str):
+            raise TypeError("open the image file in binary mode ('rb')")
+        name = getattr(image, "name", None)
+        name = name if isinstance(name, str) else None
+    else:
+        raise TypeError(f"image must be bytes, a path or a binary file object, not {type(image).__name__}")
+    return data, guess_image_type(data, name)
+
+
+# -- the client --------------------------------------------------------------
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _retry_after_s(value: str | None, default: float) -> float:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default
+    return max(0.0, when.timestamp() - time.time()) if when is not None else default
+
+
+class Client:
+    """Funnel over HTTP. Thread-safe: share one client between threads.
+
+    url: the server, e.g. http://127.0.0.1:8000 (a path prefix is kept)
+    api_key: sent as `Authorization: Bearer <key>` when the server has API keys
+    timeout: seconds the socket may wait, to connect or for the answer's next bytes
+    retries: times a 503 is tried again, each after its Retry-After (capped at max_retry_wait_s)
+    workers: threads of the pool that runs `submit` (started on the first submit)
+    """
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout: float = 60, retries: int = 3, *, workers: int = 8,
+                 max_retry_wait_s: float = 10.0):
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
+        self._base_path = parts.path.rstrip("/")
+        self.api_key, self.timeout, self.retries = api_key, timeout, max(0, int(retries))
+        self.max_retry_wait_s = max_retry_wait_s
+        self.workers = workers
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # -- the API -------------------------------------------------------------
+
+    def predict(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
+                texts: Iterable[str] | None = None) -> dict[str, Any]:
+        """One prediction: exactly one of image (bytes, path or binary file), text, or texts.
+
+        Returns the server's JSON: {"model", "predictions", "meta"} for an image,
+        {"model", "embedding", "meta"} for a text, {"model", "results", "meta"} for texts.
+        """
+        given = [name for name, value in (("image", image), ("text", text), ("texts", texts))
+                 if value is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of image=, text= or texts= (got {given or 'none'})")
+        if image is not None:
+            body, content_type = read_image(image)
+        else:
+            if text is not None:
+                payload: dict[str, Any] = {"text": text}
+            else:
+                if isinstance(texts, (str, bytes)):
+                    raise TypeError("texts= takes a list of strings; use text= for one")
+                payload = {"texts": list(texts)}
+            body, content_type = json.dumps(payload).encode(), "application/json"
+        path = f"/v1/models/{urllib.parse.quote(model, safe='')}/predict"
+        return self._call("POST", path, body, content_type)
+
+    def submit(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
+               texts: Iterable[str] | None = None) -> "Future[dict[str, Any]]":
+        """`predict` on the client's thread pool: a Future of its result (or of its error)."""
+        if image is not None and hasattr(image, "read"):
+            image = read_image(image)[0]  # read now, on the caller's thread
+        if texts is not None and not isinstance(texts, (str, bytes)):
+            texts = list(texts)
+        return self._executor().submit(self.predict, model, image, text=text, texts=texts)
+
+    def models(self) -> dict[str, Any]:
+        """GET /v1/models: {"models": [{name, task, batch_size, queue, workers, ...}]}."""
+        return self._call("GET", "/v1/models")
+
+    def health(self) -> dict[str, Any]:
+        """GET /healthz: {"status": "ok", ...}; a 503's body ({"status": "unavailable", ...}) is returned too.
+
+        Not retried: a 503 here is the answer ("not healthy"), not a busy queue. Open without an API key.
+        """
+        return self._call("GET", "/healthz", retries=0, accept=(200, 503))
+
+    def openapi(self) -> dict[str, Any]:
+        """GET /openapi.json: the API's OpenAPI 3 document."""
+        return self._call("GET", "/openapi.json")
+
+    def close(self) -> None:
+        """Stop the thread pool (after the calls it holds) and close every connection."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        with self._lock:
+            connections = list(self._connections)
+            self._connections.clear()
+        for connection in connections:
+            connection.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="funnel-client")
+            return self._pool
+
+    def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
+        """This thread's keep-alive connection (a new one when asked, or the first time)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None and not fresh:
+            return connection
+        if connection is not None:
+            connection.close()
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        connection = cls(self._host, self._port, timeout=self.timeout)
+        self._local.connection = connection
+        with self._lock:
+            self._connections.add(connection)
+        return connection
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "funnel-client/1"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _send(self, method: str, path: str, body: bytes | None,
+              content_type: str | None) -> tuple[int, bytes, dict[str, str]]:
+        """One HTTP exchange on this thread's connection: (status, body, lower-case headers)."""
+        headers = self._headers(content_type)
+        for attempt in range(2):
+            # A kept-alive connection the server has closed fails on first use: retry once on a new one.
+            connection = self._connection(fresh=attempt > 0)
+            reused = connection.sock is not None
+            try:
+                connection.request(method, self._base_path + path, body=body, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+            except (socket.timeout, TimeoutError) as exc:
+                connection.close()
+                raise Timeout(None, "client_timeout",
+                              f"no answer from {self.url} within {self.timeout} s") from exc
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    http.client.BadStatusLine) as exc:
+                connection.close()
+                if reused:
+                    continue
+                raise ConnectionFailed(None, "connection_failed", f"{self.url}: {_describe(exc)}") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                raise ConnectionFailed(None, "connection_failed", f"{self.url}: {_describe(exc)}") from exc
+            response_headers = {k.lower(): v for k, v in response.getheaders()}
+            if response.will_close:
+                connection.close()
+            return response.status, data, response_headers
+        raise AssertionError("unreachable")
+
+    def _call(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
+              *, retries: int | None = None, accept: tuple[int, ...] = (200,)) -> dict[str, Any]:
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
+            status, data, headers = self._send(method, path, body, content_type)
+            if status in accept:
+                try:
+                    return json.loads(data)
+                except ValueError as exc:
+                    raise ServerError(status, "bad_response", f"the answer is not JSON: {data[:200]!r}",
+                                      headers) from exc
+            if status == 503 and attempt < retries:
+                default = min(self.max_retry_wait_s, 0.25 * 2 ** attempt)
+                time.sleep(min(self.max_retry_wait_s, _retry_after_s(headers.get("retry-after"), default)))
+                continue
+            raise error_for(status, data, headers)
+        raise AssertionError("unreachable")

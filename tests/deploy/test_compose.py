@@ -1,0 +1,341 @@
+"""docker-compose.yml (GPU) and docker-compose.cpu.yml: valid, in step, and they really run.
+
+Validity is Compose's own: `docker-compose config` (Debian's docker-compose
+package, requirements/apt-deploy.txt) parses, interpolates and checks each
+file against its schema without a Docker engine. The smoke test then starts
+every service's command and environment, read from the Compose file and the
+image's Dockerfile, as local processes against a local redis-server, and
+serves real requests through them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts.redis_local import LocalRedis, free_port
+from tests.conftest import http
+from tests.deploy.support import (COMPOSE_FILES, ROOT, interpolate, load_compose, setting_names,
+                                  target_stage, variables)
+
+WORKERS = ("worker-image", "worker-text")
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
+
+
+def tier(service: str) -> str:
+    return "worker" if service.startswith("worker") else service
+
+
+# ---------------------------------------------------------------------------
+# Compose's own check
+
+
+def docker_compose() -> str:
+    found = shutil.which("docker-compose")
+    if not found:
+        pytest.skip("docker-compose is not installed (Debian package docker-compose, "
+                    "requirements/apt-deploy.txt; scripts/install.sh installs it as root)")
+    return found
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_config_validates(name):
+    env = {**CLEAN_ENV, "FUNNEL_BATCH_SIZE": "48", "FUNNEL_LINGER_MS": "2",
+           "FUNNEL_REDIS_URL": "redis://:pw@redis.internal:6380/1", "DOCKER_HOST": "unix:///nonexistent"}
+    done = subprocess.run([docker_compose(), "-f", name, "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert set(resolved["services"]) == {"redis", "web", *WORKERS}
+    # What Compose resolved is what the smoke test below resolves for itself.
+    ours = load_compose(name, env)["services"]
+    for service, config in resolved["services"].items():
+        theirs = {k: ("" if v is None else str(v)) for k, v in (config.get("environment") or {}).items()}
+        assert theirs == ours[service]["environment"], service
+    for worker in WORKERS:
+        env_of = resolved["services"][worker]["environment"]
+        assert (env_of["FUNNEL_BATCH_SIZE"], env_of["FUNNEL_LINGER_MS"]) == ("48", "2")
+        assert env_of["FUNNEL_REDIS_URL"] == "redis://:pw@redis.internal:6380/1"
+
+
+def test_compose_config_rejects_a_broken_file(tmp_path):
+    """The check has teeth: an unknown key under the GPU reservation is an error."""
+    broken = (ROOT / "docker-compose.yml").read_text().replace("capabilities: [gpu]",
+                                                               "capability: [gpu]")
+    (tmp_path / "docker-compose.yml").write_text(broken)
+    done = subprocess.run([docker_compose(), "-f", str(tmp_path / "docker-compose.yml"), "config", "-q"],
+                          env=CLEAN_ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "capability" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# What the files say
+
+
+def test_workers_reserve_gpus_by_default_and_not_on_cpu():
+    gpu = load_compose("docker-compose.yml", CLEAN_ENV)["services"]
+    cpu = load_compose("docker-compose.cpu.yml", CLEAN_ENV)["services"]
+    for worker in WORKERS:
+        assert gpu[worker]["build"]["target"] == "cuda"
+        devices = gpu[worker]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+        assert gpu[worker]["environment"]["FUNNEL_DEVICE"] == "auto"
+        assert cpu[worker]["build"]["target"] == "cpu"
+        assert "deploy" not in cpu[worker]
+        assert cpu[worker]["environment"]["FUNNEL_DEVICE"] == "cpu"
+    for services in (gpu, cpu):
+        for worker in WORKERS:  # --scale needs both
+            assert "container_name" not in services[worker] and "ports" not in services[worker]
+    assert set(gpu) == set(cpu)
+
+
+def test_cpu_file_is_the_gpu_file_on_the_cpu():
+    """Two whole files (Compose cannot drop a reservation in an override): keep them in step."""
+    gpu = load_compose("docker-compose.yml", CLEAN_ENV)
+    cpu = load_compose("docker-compose.cpu.yml", CLEAN_ENV)
+    for worker in WORKERS:
+        service = gpu["services"][worker]
+        service["build"]["target"] = "cpu"
+        del service["deploy"]
+        service["environment"]["FUNNEL_DEVICE"] = "cpu"
+        del service["environment"]["FUNNEL_DEVICES"]
+    assert gpu == cpu
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_settings_come_from_the_environment(name):
+    text = (ROOT / name).read_text()
+    for var in ("FUNNEL_REDIS_URL", "FUNNEL_BATCH_SIZE", "FUNNEL_LINGER_MS"):
+        assert var in variables(text)
+    if name == "docker-compose.yml":
+        assert "FUNNEL_DEVICE" in variables(text)
+    env = {**CLEAN_ENV, "FUNNEL_REDIS_URL": "rediss://:x@cache:6379/2", "FUNNEL_DEVICE": "cuda:1",
+           "FUNNEL_BATCH_SIZE": "7", "FUNNEL_LINGER_MS": "0.5"}
+    services = load_compose(name, env)["services"]
+    for worker in WORKERS:
+        got = services[worker]["environment"]
+        assert got["FUNNEL_REDIS_URL"] == "rediss://:x@cache:6379/2"
+        assert (got["FUNNEL_BATCH_SIZE"], got["FUNNEL_LINGER_MS"]) == ("7", "0.5")
+        assert got["FUNNEL_DEVICE"] == ("cuda:1" if name == "docker-compose.yml" else "cpu")
+    assert services["web"]["environment"]["FUNNEL_REDIS_URL"] == "rediss://:x@cache:6379/2"
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_every_funnel_variable_is_a_setting(name):
+    names = setting_names()
+    text = (ROOT / name).read_text()
+    interpolated = {v for v in variables(text) if v.startswith("FUNNEL_")}
+    assert interpolated <= names["web"] | names["worker"], interpolated - names["web"] - names["worker"]
+    for service, config in load_compose(name, CLEAN_ENV)["services"].items():
+        funnel = {k for k in config["environment"] if k.startswith("FUNNEL_")}
+        if service != "redis":
+            assert funnel <= names[tier(service)], (service, funnel - names[tier(service)])
+        for var in variables(yaml.safe_dump(config)):  # x- anchors already merged in
+            if var.startswith("FUNNEL_"):
+                assert var in names[tier(service)], (service, var)
+
+
+def test_dockerfile_env_is_settings():
+    names = setting_names()
+    for dockerfile, target, kind in (("deploy/Dockerfile.web", None, "web"),
+                                     ("deploy/Dockerfile.worker", "cpu", "worker"),
+                                     ("deploy/Dockerfile.worker", "cuda", "worker")):
+        env = target_stage(dockerfile, target).env
+        funnel = {k for k in env if k.startswith("FUNNEL_")}
+        assert funnel <= names[kind], (dockerfile, target, funnel - names[kind])
+
+
+# ---------------------------------------------------------------------------
+# The smoke test: the Compose services as local processes
+
+
+def service_process(name: str, service: dict, redis_port: int, model_store: Path,
+                    extra: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment the service's container would run, made local.
+
+    The command is the service's own, else the image's CMD (the Dockerfile's
+    build target); the environment is the image's FUNNEL_* ENV, then the
+    service's. Made local: `python` is this interpreter, the host name of
+    FUNNEL_REDIS_URL is 127.0.0.1 and its port the local redis-server's, the
+    model store is the prepared one (as a volume at /app/model_store would be).
+    """
+    build = service["build"]
+    stage = target_stage(build["dockerfile"], build.get("target"))
+    command = service.get("command") or stage.cmd
+    if isinstance(command, str):
+        import shlex
+
+        command = shlex.split(command)
+    assert command, f"{name}: no command in the service nor a CMD in {build['dockerfile']}"
+    argv = [sys.executable if command[0] in ("python", "python3") else command[0], *command[1:]]
+    env = {**CLEAN_ENV, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           **{k: v for k, v in stage.env.items() if k.startswith("FUNNEL_")},
+           **{k: v for k, v in service["environment"].items() if v is not None}}
+    url = urllib.parse.urlsplit(env["FUNNEL_REDIS_URL"])
+    assert url.hostname == "redis", f"{name}: FUNNEL_REDIS_URL should name the redis service: {url}"
+    auth = url.netloc.rpartition("@")[0]
+    env["FUNNEL_REDIS_URL"] = urllib.parse.urlunsplit(
+        url._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{redis_port}"))
+    env["FUNNEL_MODEL_STORE"] = str(model_store)
+    env.update(extra)
+    return argv, env
+
+
+class Processes:
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.running: dict[str, subprocess.Popen] = {}
+
+    def start(self, label: str, argv: list[str], env: dict[str, str]) -> None:
+        log = open(self.log_dir / f"{label}.log", "wb")
+        self.running[label] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+                                               stderr=subprocess.STDOUT)
+
+    def check_alive(self) -> None:
+        for label, proc in self.running.items():
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{label}.log").read_text(errors="replace")[-3000:]
+                raise AssertionError(f"{label} ({' '.join(proc.args)}) exited with "
+                                     f"{proc.returncode}:\n{tail}")
+
+    def stop(self) -> dict[str, int]:
+        for proc in self.running.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = {}
+        for label, proc in self.running.items():
+            try:
+                codes[label] = proc.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[label] = proc.wait()
+        return codes
+
+
+def wait_for(condition, processes: Processes, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        processes.check_alive()
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
+def listing(url: str) -> dict[str, list[dict]]:
+    try:
+        status, body, _ = http("GET", f"{url}/v1/models", timeout=5)
+    except OSError:
+        return {}
+    return {m["name"]: m["workers"] for m in body.get("models", [])} if status == 200 else {}
+
+
+def run_healthcheck(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def start_compose(services: dict, redis: LocalRedis, model_store: Path, processes: Processes,
+                  replicas: dict[str, int], web_port: int) -> dict[str, dict[str, str]]:
+    envs = {}
+    for name, service in services.items():
+        if name == "redis":  # the local redis-server stands in for the image
+            assert service["image"].startswith("redis:") and service["command"][0] == "redis-server"
+            continue
+        extra = {"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(web_port)} if name == "web" else {}
+        argv, env = service_process(name, service, redis.port, model_store, extra)
+        envs[name] = env
+        for i in range(replicas.get(name, 1)):
+            processes.start(f"{name}-{i + 1}", argv, env)
+    return envs
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, tmp_path):
+    # FUNNEL_DEVICES=cpu: docker-compose.yml's FUNNEL_DEVICE=auto has only the CPU to choose here.
+    # One backend thread per worker: four processes share this machine's cores.
+    compose_env = {**CLEAN_ENV, "FUNNEL_DEVICES": "cpu", "FUNNEL_INTRA_OP_THREADS": "1",
+                   "FUNNEL_PROCESSES": "1", "FUNNEL_THREADS": "16"}
+    services = load_compose(name, compose_env)["services"]
+    web_port = free_port()
+    url = f"http://127.0.0.1:{web_port}"
+    processes = Processes(tmp_path)
+    redis = LocalRedis().start()
+    try:
+        envs = start_compose(services, redis, model_store, processes, {"worker-text": 2}, web_port)
+        ready = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 2
+                                  and len(m.get("image-classifier", [])) == 1 else None)(listing(url)),
+                         processes, 180, "2 live text workers and 1 image worker in /v1/models")
+        workers = ready["text-embedding"] + ready["image-classifier"]
+        assert {w["device"] for w in workers} == {"cpu"}  # resolved, not "auto"
+
+        status, body, _ = http("GET", f"{url}/healthz")  # the k8s web probes' path
+        assert status == 200, body
+
+        status, body, _ = http("POST", f"{url}/v1/models/image-classifier/predict", body=cat_jpeg,
+                               headers={"Content-Type": "image/jpeg"})
+        assert status == 200, body
+        assert "cat" in body["predictions"][0]["label"].lower(), body["predictions"]
+
+        text_workers = {w["id"] for w in ready["text-embedding"]}
+        served: set[str] = set()
+        for i in range(40):  # both replicas take from the one queue
+            status, body, _ = http("POST", f"{url}/v1/models/text-embedding/predict",
+                                   json_body={"text": f"A man is eating food, take {i}."})
+            assert status == 200, body
+            assert len(body["embedding"]) == 384
+            served.add(body["meta"]["worker"])
+            if served == text_workers:
+                break
+        assert served == text_workers
+
+        # The worker image's HEALTHCHECK (the k8s exec probe): healthy with a worker on this host.
+        script = tmp_path / "healthcheck.py"
+        script.write_text(target_stage("deploy/Dockerfile.worker", "app").heredocs["/app/healthcheck.py"])
+        checked = run_healthcheck(script, envs["worker-text"])
+        assert checked.returncode == 0, checked.stderr
+    finally:
+        codes = processes.stop()
+    try:
+        assert all(code == 0 for label, code in codes.items() if label.startswith("worker")), codes
+        # Stopped workers deregister: the probe now fails.
+        checked = run_healthcheck(script, envs["worker-text"])
+        assert checked.returncode != 0 and "no heartbeat" in checked.stderr + checked.stdout
+    finally:
+        redis.stop()
+
+
+def test_a_wrong_command_fails_the_smoke_test(model_store, tmp_path):
+    """The smoke test runs what the file says: a broken command is caught, not papered over."""
+    services = load_compose("docker-compose.cpu.yml", CLEAN_ENV)["services"]
+    broken = {"redis": services["redis"],
+              "worker-text": {**services["worker-text"],
+                              "command": ["python", "-m", "worker", "--no-such-flag"]}}
+    processes = Processes(tmp_path)
+    redis = LocalRedis().start()
+    try:
+        start_compose(broken, redis, model_store, processes, {}, free_port())
+        with pytest.raises(AssertionError, match="exited with 2"):
+            wait_for(lambda: False, processes, 60, "never")
+    finally:
+        processes.stop()
+        redis.stop()
+
+
+def test_interpolation_follows_compose():
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET:-d} ${EMPTY:-d} ${EMPTY-d} ${UNSET-d} ${UNSET} $SET $$SET", env) == \
+        "x d  d  x $SET"
+    with pytest.raises(ValueError):
+        interpolate("${UNSET:?needed}", env)

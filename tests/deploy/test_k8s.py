@@ -1,0 +1,299 @@
+"""deploy/k8s: valid against the Kubernetes schemas, and in step with the code and images.
+
+Built-in kinds are checked offline with kubernetes-validate (PyPI; it carries
+the schemas of each Kubernetes release), strictly, so an unknown field is an
+error. KEDA's ScaledObject and TriggerAuthentication are custom resources it
+has no schema for: a JSON schema below, written from KEDA's v2 CRDs, checks
+their structure, and the tests check what they point at.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from common.keys import Keys
+from common.store import list_models
+from tests.deploy.support import K8S, k8s_documents, setting_names, target_stage
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (requirements/test-deploy.txt)")
+
+KUBERNETES_VERSIONS = ["1.29", "1.37"]  # the oldest and newest this is meant for
+KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
+EXAMPLES = {"redis-secret.example.yaml"}  # shown, never applied by the kustomization
+
+
+def resources() -> list[tuple[str, dict]]:
+    return [(name, doc) for name, docs in k8s_documents().items() if name != "kustomization.yaml"
+            for doc in docs]
+
+
+def of_kind(kind: str) -> dict[str, dict]:
+    return {doc["metadata"]["name"]: doc for _, doc in resources() if doc["kind"] == kind}
+
+
+def containers(deployment: dict) -> list[dict]:
+    return deployment["spec"]["template"]["spec"]["containers"]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def workers() -> dict[str, dict]:
+    return {name: d for name, d in of_kind("Deployment").items()
+            if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"}
+
+
+def model_of(deployment: dict) -> str:
+    return env_of(containers(deployment)[0])["FUNNEL_MODEL"]["value"]
+
+
+# ---------------------------------------------------------------------------
+# Schemas
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_builtin_kinds_validate_strictly(version):
+    checked = 0
+    for name, doc in resources():
+        if doc["kind"] in KEDA_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{name}: {doc['kind']}/{doc['metadata']['name']}: {path}: {exc.message}")
+        checked += 1
+    assert checked >= 7
+
+
+def test_the_validator_catches_mistakes():
+    bad = of_kind("Deployment")["funnel-web"]
+    containers(bad)[0]["livenessProbes"] = containers(bad)[0].pop("livenessProbe")  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+REDIS_METADATA = {"address", "addressFromEnv", "host", "hostFromEnv", "port", "portFromEnv",
+                  "username", "usernameFromEnv", "passwordFromEnv", "listName", "listLength",
+                  "activationListLength", "databaseIndex", "enableTLS", "unsafeSsl"}
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                   "properties": {"name": {"type": "string"},
+                                                  "apiVersion": {"type": "string"},
+                                                  "kind": {"type": "string"},
+                                                  "envSourceContainerName": {"type": "string"}}},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "fallback": {"type": "object"},
+                "advanced": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object", "additionalProperties": False,
+                            "properties": {"name": {"type": "string"}, "behavior": {"type": "object"}}},
+                        "scalingModifiers": {"type": "object"}}},
+                "triggers": {
+                    "type": "array", "minItems": 1,
+                    "items": {
+                        "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metadata": STRING_MAP,
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "authenticationRef": {
+                                "type": "object", "required": ["name"], "additionalProperties": False,
+                                "properties": {"name": {"type": "string"},
+                                               "kind": {"enum": ["TriggerAuthentication",
+                                                                 "ClusterTriggerAuthentication"]}}}}}}}}},
+}
+TRIGGER_AUTHENTICATION = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "items": {"type": "object", "required": ["parameter", "name", "key"],
+                              "additionalProperties": False,
+                              "properties": {"parameter": {"type": "string"}, "name": {"type": "string"},
+                                             "key": {"type": "string"}}}},
+                "env": {"type": "array"}, "podIdentity": {"type": "object"},
+                "configMapTargetRef": {"type": "array"}, "hashiCorpVault": {"type": "object"}}}},
+}
+REDIS_AUTH_PARAMETERS = {"address", "host", "port", "username", "password", "tls", "ca", "cert", "key",
+                         "keyPassword"}
+
+
+def test_keda_resources_have_keda_structure():
+    scaled = of_kind("ScaledObject")
+    auths = of_kind("TriggerAuthentication")
+    assert scaled and auths
+    for doc in scaled.values():
+        jsonschema.validate(doc, SCALED_OBJECT)
+        for trigger in doc["spec"]["triggers"]:
+            assert trigger["type"] == "redis"
+            assert set(trigger["metadata"]) <= REDIS_METADATA, set(trigger["metadata"]) - REDIS_METADATA
+            assert int(trigger["metadata"]["listLength"]) > 0
+            assert trigger["authenticationRef"]["name"] in auths
+        # The HPA behavior KEDA passes on is a Kubernetes type: check it with the Kubernetes schema.
+        behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+               "metadata": {"name": "check"},
+               "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "x"}, "maxReplicas": 2,
+                        "behavior": behavior}}
+        kubernetes_validate.validate(hpa, KUBERNETES_VERSIONS[-1], strict=True)
+        assert doc["spec"]["minReplicaCount"] >= 1  # the web's requests need a worker to wake anything
+        assert doc["spec"]["maxReplicaCount"] >= doc["spec"]["minReplicaCount"]
+    for doc in auths.values():
+        jsonschema.validate(doc, TRIGGER_AUTHENTICATION)
+        assert {r["parameter"] for r in doc["spec"]["secretTargetRef"]} <= REDIS_AUTH_PARAMETERS
+
+
+def test_the_keda_schema_catches_mistakes():
+    doc = yaml.safe_load(yaml.safe_dump(next(iter(of_kind("ScaledObject").values()))))
+    doc["spec"]["triggers"][0]["authRef"] = doc["spec"]["triggers"][0].pop("authenticationRef")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCALED_OBJECT)
+
+
+# ---------------------------------------------------------------------------
+# In step with the code
+
+
+def test_one_worker_deployment_and_scaler_per_model(model_store):
+    models = set(list_models(str(model_store)))
+    deployed = {model_of(d): name for name, d in workers().items()}
+    assert set(deployed) == models
+    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind("ScaledObject").values()}
+    assert targets == set(deployed.values())
+
+
+def test_keda_list_names_are_the_queue_keys(model_store):
+    deployments = workers()
+    for doc in of_kind("ScaledObject").values():
+        deployment = deployments[doc["spec"]["scaleTargetRef"]["name"]]
+        env = env_of(containers(deployment)[0])
+        prefix = env["FUNNEL_PREFIX"]["value"] if "FUNNEL_PREFIX" in env else Keys().prefix
+        model = model_of(deployment)
+        assert model in list_models(str(model_store))
+        for trigger in doc["spec"]["triggers"]:
+            assert trigger["metadata"]["listName"] == Keys(prefix).queue(model)
+
+
+def test_every_funnel_variable_is_a_setting():
+    names = setting_names()
+    for name, deployment in of_kind("Deployment").items():
+        kind = "worker" if name in workers() else "web"
+        for container in containers(deployment):
+            funnel = {n for n in env_of(container) if n.startswith("FUNNEL_")}
+            assert funnel <= names[kind], (name, funnel - names[kind])
+    # Variables mentioned anywhere else under deploy/k8s too (comments included).
+    import re
+
+    for path in K8S.glob("*.yaml"):
+        for var in re.findall(r"FUNNEL_[A-Z0-9_]+", path.read_text()):
+            assert var in names["web"] | names["worker"], (path.name, var)
+
+
+def test_workers_have_a_gpu_and_the_images_healthcheck():
+    healthcheck = target_stage("deploy/Dockerfile.worker", "cuda").healthcheck
+    assert healthcheck == ["python", "/app/healthcheck.py"]
+    for name, deployment in workers().items():
+        (container,) = containers(deployment)
+        resources = container["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == 1, name
+        assert resources["requests"].get("nvidia.com/gpu", 1) == resources["limits"]["nvidia.com/gpu"]
+        assert "cpu" in resources["requests"] and "memory" in resources["limits"]
+        assert env_of(container)["FUNNEL_DEVICE"]["value"] == "cuda:0"  # the pod's one GPU
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["exec"]["command"] == healthcheck, (name, probe)
+        assert "replicas" not in deployment["spec"], f"{name}: KEDA owns the replica count"
+
+
+def test_web_service_probes_and_redis_secret():
+    (web,) = [d for n, d in of_kind("Deployment").items() if n not in workers()]
+    (container,) = containers(web)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": int(target_stage("deploy/Dockerfile.web", None).env["FUNNEL_PORT"])}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    pod_labels = web["spec"]["template"]["metadata"]["labels"]
+    assert web["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (service,) = of_kind("Service").values()
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
+    assert "resources" in container and "limits" in container["resources"]
+
+    secret = next(d for d in k8s_documents()["redis-secret.example.yaml"] if d["kind"] == "Secret")
+    keys = set(secret["stringData"])
+    for deployment in of_kind("Deployment").values():
+        ref = env_of(containers(deployment)[0])["FUNNEL_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in keys
+        for e in env_of(containers(deployment)[0]).values():  # any other required secret is this one
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref and not ref.get("optional"):
+                assert ref["name"] == secret["metadata"]["name"] and ref["key"] in keys
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for auth in of_kind("TriggerAuthentication").values():
+        for ref in auth["spec"]["secretTargetRef"]:
+            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in keys
+    assert secret["stringData"]["url"].startswith(("redis://", "rediss://"))
+
+
+def test_kustomization_lists_every_manifest():
+    (kustomization,) = k8s_documents()["kustomization.yaml"]
+    listed = set(kustomization["resources"])
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"} - EXAMPLES
+    assert listed == on_disk
+    images = {c["image"].split(":")[0] for _, d in resources() if d["kind"] == "Deployment"
+              for c in containers(d)}
+    assert images <= {i["name"] for i in kustomization["images"]}
+
+
+def test_kustomize_build_validates():
+    """Where kubectl is installed: render the kustomization and validate what it renders."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: the kustomization is checked by hand only")
+    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert {d["metadata"].get("namespace") for d in rendered if d["kind"] != "Namespace"} == {"funnel"}
+    for doc in rendered:
+        if doc["kind"] not in KEDA_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSIONS[-1], strict=True)
+    assert len(rendered) == sum(len(docs) for name, docs in k8s_documents().items()
+                                if name not in EXAMPLES | {"kustomization.yaml"})

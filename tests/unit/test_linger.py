@@ -1,0 +1,69 @@
+import threading
+import time
+
+import pytest
+
+from worker.linger import AdaptiveLinger, CostModel, FixedLinger
+
+
+def test_cost_model_recovers_a_line():
+    model = CostModel()
+    for n in (1, 4, 8, 16, 32, 2, 24):
+        model.add(n, 0.002 * n + 0.010)
+    a, b = model.fit()
+    assert a == pytest.approx(0.002, rel=1e-3) and b == pytest.approx(0.010, rel=1e-3)
+
+
+def test_cost_model_with_one_size_has_no_fixed_cost():
+    model = CostModel()
+    model.add(1, 0.004)
+    model.add(1, 0.004)
+    assert model.fit() == (pytest.approx(0.004), 0.0)
+
+
+def arrivals(rate_per_s: float, n: int = 50) -> list[int]:
+    now = time.time()
+    return [int((now - i / rate_per_s) * 1000) for i in range(n)]
+
+
+def fitted(fixed_cost_s: float) -> AdaptiveLinger:
+    linger = AdaptiveLinger(20)
+    for n in (1, 2, 4, 8):
+        linger.observe((n, 0.001 * n + fixed_cost_s), [])
+    return linger
+
+
+def test_waits_when_the_next_job_comes_sooner_than_a_batch_costs():
+    linger = fitted(fixed_cost_s=0.010)  # 10 ms per run
+    linger.observe((0, 0), arrivals(1000))  # one job per ms
+    assert 0 < linger.budget_s(held=1, batch_size=32) <= 0.020
+
+
+def test_no_wait_at_low_load():
+    linger = fitted(fixed_cost_s=0.002)
+    linger.observe((0, 0), arrivals(20))  # one job per 50 ms, much slower than 2 ms
+    assert linger.budget_s(held=1, batch_size=32) == 0
+
+
+def test_no_wait_before_anything_is_known_or_when_full_or_stopping():
+    assert AdaptiveLinger(20).budget_s(1, 32) == 0
+    linger = fitted(fixed_cost_s=0.010)
+    linger.observe((0, 0), arrivals(1000))
+    assert linger.budget_s(held=32, batch_size=32) == 0
+    linger.stop.set()
+    assert linger.budget_s(held=1, batch_size=32) == 0
+
+
+def test_never_longer_than_the_maximum():
+    linger = fitted(fixed_cost_s=1.0)
+    linger.observe((0, 0), arrivals(100))
+    assert linger.budget_s(held=1, batch_size=1000) == pytest.approx(0.020)
+
+
+def test_fixed_linger_always_waits_until_stopped():
+    stop = threading.Event()
+    linger = FixedLinger(7, stop)
+    assert linger.budget_s(1, 8) == pytest.approx(0.007)
+    assert linger.budget_s(8, 8) == 0
+    stop.set()
+    assert linger.budget_s(1, 8) == 0
