@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): $(wildcard requirements/*.txt) scripts/install.sh
+# What scripts/install.sh reads (not bench.txt, which make bench installs, nor gpu.txt).
+$(STAMP): $(filter-out requirements/bench.txt requirements/gpu.txt,$(wildcard requirements/*.txt)) scripts/install.sh
 	bash scripts/install.sh
 	touch $@
 
@@ -26,8 +27,13 @@ test: models
 test-fast: models
 	$(PY) -m pytest tests/unit
 
+# Funnel against service-streamer, LitServe and plain Flask (benchmarks/README.md), both models,
+# both comparisons; about 70 minutes on 2 cores. The peers (requirements/bench.txt) are installed
+# into .venv once. Smoke check: make bench BENCH_ARGS=--quick. Core numbers: python benchmarks/core.py
 bench: models
-	$(PY) benchmarks/core.py
+	@[ $(VENV)/.bench-installed -nt requirements/bench.txt ] || \
+		{ bash benchmarks/install.sh && touch $(VENV)/.bench-installed; }
+	$(PY) benchmarks/bench.py --models text-embedding,image-classifier --suite same,default $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(STORE) .pytest_cache .hypothesis

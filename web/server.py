@@ -39,8 +39,8 @@ class WebServer(BaseApplication):
         s = self.settings
         self.cfg.set("bind", f"{s.host}:{s.port}")
         self.cfg.set("workers", s.processes)
-        # gthread: each request thread blocks in BLPOP for its reply.
-        self.cfg.set("worker_class", "gthread")
+        # Each request waits in BLPOP for its reply: a thread (gthread) or a greenlet (gevent) each.
+        self.cfg.set("worker_class", s.worker_class)
         self.cfg.set("threads", s.threads)
         self.cfg.set("worker_connections", max(1000, s.threads * 4))
         self.cfg.set("timeout", int(s.request_timeout_s) + 30)
@@ -49,6 +49,8 @@ class WebServer(BaseApplication):
         self.cfg.set("loglevel", s.log_level)
         self.cfg.set("proc_name", "funnel-web")
         self.cfg.set("child_exit", child_exit)
+        # gunicorn 27's control socket has one default path: several web tiers would share it.
+        self.cfg.set("control_socket_disable", True)
 
     def load(self):
         # Runs in each gunicorn worker after the fork: its own Redis pool.

@@ -27,6 +27,8 @@ class WebSettings:
     max_image_pixels: int = setting(40_000_000, "largest image, in pixels (decompression bomb guard)")
     api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated (default: open)")
     processes: int = setting(2, "gunicorn worker processes")
+    worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
+                                "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
     threads: int = setting(64, "threads per gunicorn process (each waits on one request)")
     log_level: str = setting("info", "logging level")
     access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")

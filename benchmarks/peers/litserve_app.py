@@ -1,0 +1,48 @@
+"""LitServe with batching: max_batch_size 32, batch_timeout 0.02 s.
+
+    BENCH_MODEL=... BENCH_IMPL=... python benchmarks/peers/litserve_app.py PORT
+
+LitServe's defaults otherwise: one inference worker on the CPU, one API server
+process. decode_request (the preprocessing) runs in the inference worker, as
+LitServe does it. Text: JSON {"text": ...}; image: multipart field "file"
+(LitServe parses JSON or forms, not raw image bodies).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import litserve as ls  # noqa: E402
+
+from benchmarks.peers.common import TEXT_MODEL, env_config, load_model, write_pidfile  # noqa: E402
+
+TEXT = env_config()["model"] == TEXT_MODEL
+
+
+class BenchAPI(ls.LitAPI):
+    def setup(self, device):
+        self.model = load_model()
+        write_pidfile()
+
+    def decode_request(self, request):
+        return self.model.preprocess(request["text"] if TEXT else request["file"].file.read())
+
+    def batch(self, inputs):
+        return list(inputs)  # token ids differ in length; the model collates
+
+    def predict(self, batch):
+        return self.model.predict(batch)
+
+    def unbatch(self, output):
+        return output
+
+    def encode_response(self, output):
+        return output
+
+
+if __name__ == "__main__":
+    server = ls.LitServer(BenchAPI(max_batch_size=32, batch_timeout=0.02), accelerator="cpu")
+    server.run(host="127.0.0.1", port=int(sys.argv[1]), generate_client_file=False, log_level="warning")
