@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = (f"# Core numbers, {stamp}\n\nMachine: {machine()}\n\n"
               f"Command: `python benchmarks/core.py --duration {args.duration} --requests {args.requests}` "
               f"(wrk -t1 -c32, one {len(SENTENCE.split())}-word sentence per POST; default web settings, "
-              f"ONNX backend, linger 5 ms)\n\n" + "\n".join(table) + "\n")
+              f"ONNX backend, adaptive linger of at most 5 ms)\n\n" + "\n".join(table) + "\n")
     print(report)
     out = ROOT / "benchmarks" / "results" / f"core-{dt.datetime.now():%Y%m%d-%H%M}.md"
     out.write_text(report)
