@@ -11,7 +11,6 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import redis
 from flask import Flask, Response, g, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -26,6 +25,7 @@ from common.wire import Reply
 from web import metrics as web_metrics
 from web import openapi
 from web.gateway import Gateway
+from web.jsonio import OrjsonProvider
 from web.registry import describe, live_workers, queue_lengths
 from web.settings import WebSettings
 
@@ -38,17 +38,6 @@ def load_models(settings: WebSettings) -> dict[str, ModelSpec]:
     if not names:
         raise SystemExit(f"no models in {settings.model_store}: run python scripts/prepare_model.py")
     return {name: load_spec(settings.model_store, name) for name in names}
-
-
-def to_json(value):
-    """Reply outputs as JSON: tensors become (nested) lists."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_json(v) for v in value]
-    return value
 
 
 def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
@@ -67,7 +56,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
-    app.json.sort_keys = False
+    app.json = OrjsonProvider(app)
     app.register_blueprint(openapi.blueprint)
 
     @app.errorhandler(FunnelError)
@@ -183,7 +172,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
         for i, reply in enumerate(replies):
             if not reply.ok:
                 raise reply_error(reply, i, len(replies))
-        results = [to_json(reply.outputs) for reply in replies]
+        results = [reply.outputs for reply in replies]  # numpy arrays are written by OrjsonProvider
         meta = [{"worker": r.worker, "batch_size": r.batch_size,
                  "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
         if single:
