@@ -67,9 +67,15 @@ def split(outputs: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]
 
 
 def _infer(jobs: list[Job], task, backend, spec) -> list[dict]:
-    feeds = task.collate([job.inputs for job in jobs], spec)
-    rows = split(backend.run(feeds), len(jobs))
-    return [task.postprocess(row, spec) for row in rows]
+    """Run the model once per bucket (once, unless the task splits by length); keep job order."""
+    inputs = [job.inputs for job in jobs]
+    groups = task.buckets(inputs, spec) if hasattr(task, "buckets") else [list(range(len(jobs)))]
+    results: list[dict | None] = [None] * len(jobs)
+    for group in groups:
+        feeds = task.collate([inputs[i] for i in group], spec)
+        for i, row in zip(group, split(backend.run(feeds), len(group))):
+            results[i] = task.postprocess(row, spec)
+    return results  # type: ignore[return-value]
 
 
 def run(batch: Batch, task, backend, spec, worker_id: str) -> None:

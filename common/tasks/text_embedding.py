@@ -70,6 +70,34 @@ def check(inputs: dict[str, np.ndarray], spec) -> None:
         raise BadInput(f"token ids must lie in [0, {vocab})", code="bad_input")
 
 
+def buckets(items: list[dict[str, np.ndarray]], spec) -> list[list[int]]:
+    """Split a batch by length when padding to its longest text would waste most of the work.
+
+    One 256-token text in a batch of short ones pads every row to 256: cheaper
+    to run the short ones together and the long one apart. Splits only where
+    it saves at least half the padded tokens and more than MIN_SAVED_TOKENS
+    (a run has a fixed cost too); uniform batches stay whole.
+    """
+    order = sorted(range(len(items)), key=lambda i: len(items[i]["input_ids"]))
+    return _split([len(items[i]["input_ids"]) for i in order], order)
+
+
+MIN_SAVED_TOKENS = 512
+
+
+def _split(lengths: list[int], order: list[int]) -> list[list[int]]:
+    n, whole = len(lengths), len(lengths) * lengths[-1]
+    best_k, best_cost = 0, whole
+    for k in range(1, n):  # first k (shorter) in one run, the rest in another
+        cost = k * lengths[k - 1] + (n - k) * lengths[-1]
+        if cost < best_cost:
+            best_k, best_cost = k, cost
+    saved = whole - best_cost
+    if best_k == 0 or saved < whole / 2 or saved < MIN_SAVED_TOKENS:
+        return [order]
+    return _split(lengths[:best_k], order[:best_k]) + [order[best_k:]]
+
+
 def collate(items: list[dict[str, np.ndarray]], spec) -> dict[str, np.ndarray]:
     """Pad to the longest text of this batch, not to a fixed length."""
     longest = max(len(item["input_ids"]) for item in items)

@@ -112,6 +112,19 @@ def test_replies_land_on_their_own_keys(redis_client, redis_server, model_store,
     assert not redis_client.keys(f"{keys.prefix}:reply:*")  # every reply consumed, none stray
 
 
+def test_a_long_text_runs_apart_and_every_answer_stays_with_its_job(redis_client, redis_server,
+                                                                    model_store, spec, keys):
+    texts = [f"short text {i}" for i in range(15)] + ["word " * 250] + [f"tiny {i}" for i in range(16)]
+    with running_worker(redis_server, model_store, batch_size=32, linger_ms=200):
+        alone = {t: await_one(redis_client, keys, spec, t) for t in texts}
+        jobs = [text_job(spec, t, keys) for t in texts]
+        push(redis_client, keys, jobs)
+        replies = [await_reply(redis_client, job) for job in jobs]
+    assert {r.batch_size for r in replies} == {32}
+    for text, reply in zip(texts, replies):
+        np.testing.assert_allclose(reply.outputs["embedding"], alone[text], atol=1e-5)
+
+
 def await_one(client, keys, spec, text):
     job = text_job(spec, text, keys)
     push(client, keys, [job])

@@ -164,3 +164,20 @@ def test_text_check(text_spec):
                 np.array([10**6], np.int32), np.array([-1], np.int32)]:
         with pytest.raises(BadInput):
             text.check({"input_ids": bad}, text_spec)
+
+
+def ids(n: int) -> dict:
+    return {"input_ids": np.arange(1, n + 1, dtype=np.int32)}
+
+
+def test_buckets_split_one_long_text_from_many_short(text_spec):
+    items = [ids(8)] * 15 + [ids(256)] + [ids(8)] * 16
+    groups = text.buckets(items, text_spec)
+    assert sorted(map(len, groups)) == [1, 31] and [15] in groups
+    assert sorted(i for g in groups for i in g) == list(range(32))  # every item exactly once
+
+
+def test_buckets_keep_uniform_or_small_batches_whole(text_spec):
+    groups = text.buckets([ids(10), ids(12), ids(11)] * 8, text_spec)
+    assert len(groups) == 1 and sorted(groups[0]) == list(range(24))
+    assert len(text.buckets([ids(5), ids(40)], text_spec)) == 1  # saves < MIN_SAVED_TOKENS
