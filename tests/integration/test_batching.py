@@ -99,30 +99,30 @@ def test_adaptive_linger_does_not_make_a_lone_job_wait(redis_client, redis_serve
             assert time.monotonic() - started < 0.5  # far below the 1 s maximum linger
 
 
-def test_replies_land_on_their_own_keys(redis_client, redis_server, model_store, spec, keys):
-    texts = ["A man is eating food.", "The girl is carrying a baby.", "A cheetah runs.", "Red wine."]
-    with running_worker(redis_server, model_store, batch_size=8, linger_ms=100):
-        alone = {t: await_one(redis_client, keys, spec, t) for t in texts}
+def batched_like_alone(client, server, store, spec, keys, texts, batch_size, linger_ms):
+    """Send each text alone, then all at once; every batched answer must equal its solo one."""
+    with running_worker(server, store, batch_size=batch_size, linger_ms=linger_ms):
+        alone = {t: await_one(client, keys, spec, t) for t in texts}
         jobs = [text_job(spec, t, keys) for t in texts]
-        push(redis_client, keys, jobs)
-        replies = [await_reply(redis_client, job) for job in jobs]
-    assert {r.batch_size for r in replies} == {4}
+        push(client, keys, jobs)
+        replies = [await_reply(client, job) for job in jobs]
     for text, reply in zip(texts, replies):
         np.testing.assert_allclose(reply.outputs["embedding"], alone[text], atol=1e-5)
+    return replies
+
+
+def test_replies_land_on_their_own_keys(redis_client, redis_server, model_store, spec, keys):
+    texts = ["A man is eating food.", "The girl is carrying a baby.", "A cheetah runs.", "Red wine."]
+    replies = batched_like_alone(redis_client, redis_server, model_store, spec, keys, texts, 8, 100)
+    assert {r.batch_size for r in replies} == {4}
     assert not redis_client.keys(f"{keys.prefix}:reply:*")  # every reply consumed, none stray
 
 
 def test_a_long_text_runs_apart_and_every_answer_stays_with_its_job(redis_client, redis_server,
                                                                     model_store, spec, keys):
     texts = [f"short text {i}" for i in range(15)] + ["word " * 250] + [f"tiny {i}" for i in range(16)]
-    with running_worker(redis_server, model_store, batch_size=32, linger_ms=200):
-        alone = {t: await_one(redis_client, keys, spec, t) for t in texts}
-        jobs = [text_job(spec, t, keys) for t in texts]
-        push(redis_client, keys, jobs)
-        replies = [await_reply(redis_client, job) for job in jobs]
+    replies = batched_like_alone(redis_client, redis_server, model_store, spec, keys, texts, 32, 200)
     assert {r.batch_size for r in replies} == {32}
-    for text, reply in zip(texts, replies):
-        np.testing.assert_allclose(reply.outputs["embedding"], alone[text], atol=1e-5)
 
 
 def await_one(client, keys, spec, text):
