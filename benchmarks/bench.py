@@ -82,12 +82,15 @@ def version(dist: str) -> str:
         return "not installed"
 
 
-def machine() -> dict:
-    cpu = "unknown CPU"
+def cpu_model() -> str:
     try:
-        cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
+        return re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
     except (OSError, AttributeError):
-        pass
+        return "unknown CPU"
+
+
+def machine() -> dict:
+    cpu = cpu_model()
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
     return {
         "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+from benchmarks.bench import cpu_model  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 from tests.conftest import http, jpeg_bytes  # noqa: E402
 
@@ -39,14 +40,9 @@ wrk.body = '{"text": "%s"}'
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
-    except (OSError, AttributeError):
-        pass
     import onnxruntime
 
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"onnxruntime {onnxruntime.__version__}, {platform.system()} {platform.release()}")
 
 

@@ -57,6 +57,3 @@ class Gateway:
             key, data = got
             replies[pending.pop(key.decode())] = decode_reply(data)
         return replies  # type: ignore[return-value]
-
-    def queue_depth(self, model: str) -> int:
-        return self.client.llen(self.keys.queue(model))

@@ -93,7 +93,7 @@ def run(batch: Batch, task, backend, spec, worker_id: str) -> None:
         return
     clock = time.perf_counter()
     try:
-        results: list[dict | Exception] = list(_infer(runnable, task, backend, spec))
+        results: list[dict | Exception] = _infer(runnable, task, backend, spec)
     except Exception:
         log.exception("batch of %d failed; running its items one by one", len(runnable))
         results = []

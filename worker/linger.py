@@ -32,7 +32,7 @@ class FixedLinger:
             return 0.0
         return self.linger_s
 
-    def observe(self, sizes_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
+    def observe(self, size_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
         """A fixed linger learns nothing."""
 
 

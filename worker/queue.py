@@ -68,6 +68,3 @@ class JobQueue:
             time.sleep(min(remaining, POLL_S))
         self.last_wait_s = time.monotonic() - started
         return jobs
-
-    def depth(self) -> int:
-        return self.client.llen(self.queue)

@@ -40,10 +40,14 @@ class Recovery:
 
     def sweep(self) -> int:
         """Recover every registered worker whose heartbeat has expired; jobs requeued."""
-        recovered = 0
-        for worker_id, model in self.client.hgetall(self.keys.workers()).items():
-            recovered += self.recover(worker_id.decode(), model.decode())
-        return recovered
+        registered = [(w.decode(), m.decode()) for w, m in self.client.hgetall(self.keys.workers()).items()]
+        # One round trip to find the silent ones; only those get the claim script.
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id, _ in registered:
+            pipe.exists(self.keys.worker(worker_id))
+        alive = pipe.execute()
+        return sum(self.recover(worker_id, model)
+                   for (worker_id, model), live in zip(registered, alive) if not live)
 
     def recover(self, worker_id: str, model: str) -> int:
         k = self.keys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -78,6 +79,26 @@ def send_texts(stack: Stack, batch: list[str], expected: dict, outcome: Outcome,
 
     with ThreadPoolExecutor(max_workers=clients) as pool:
         list(pool.map(one, batch))
+
+
+@contextlib.contextmanager
+def load_running(stack: Stack, batch: list[str], expected: dict, clients: int,
+                 outcome: Outcome | None = None, progress: threading.Semaphore | None = None,
+                 timeout_s: float = 120):
+    """send_texts in a background thread while the block runs; joined (bounded) on the way out."""
+    outcome = outcome or Outcome()
+    thread = threading.Thread(target=send_texts, args=(stack, batch, expected, outcome, clients, progress))
+    thread.start()
+    try:
+        yield outcome
+    finally:
+        thread.join(timeout=timeout_s)
+    assert not thread.is_alive(), "the load did not finish in time"
+
+
+def assert_each_answered_once(outcome: Outcome, sent: int, stray: int) -> None:
+    assert outcome.ok == sent == outcome.sent, outcome
+    assert outcome.wrong == 0 and stray == 0
 
 
 def stray_replies(client: redis.Redis) -> int:

@@ -1,11 +1,8 @@
 """Redis stopped under load: requests fail fast with 503, then succeed again, with no process restarted."""
 
-import threading
-import time
-
 from scripts.stack import Stack
 from tests.conftest import http
-from tests.faults.conftest import FAST_HEARTBEAT, TEXT, Outcome, send_texts, texts, wait_for
+from tests.faults.conftest import FAST_HEARTBEAT, TEXT, Outcome, load_running, send_texts, texts, wait_for
 
 
 def test_redis_down_then_back(model_store, tmp_path, expected_embeddings, report):
@@ -18,11 +15,8 @@ def test_redis_down_then_back(model_store, tmp_path, expected_embeddings, report
         assert outcome.ok == len(before)
 
         # Stop Redis while requests are in flight.
-        load = threading.Thread(target=send_texts, args=(stack, during, expected, outcome, 8))
-        load.start()
-        stack.redis.stop()
-        load.join(timeout=60)
-        assert not load.is_alive()
+        with load_running(stack, during, expected, 8, outcome=outcome, timeout_s=60):
+            stack.redis.stop()
         down = Outcome()
         send_texts(stack, texts(20, "down"), {}, down, clients=4)
         assert down.statuses == {503: 20}, down.statuses

@@ -6,8 +6,8 @@ import threading
 import redis
 
 from scripts.stack import Stack
-from tests.faults.conftest import (FAST_HEARTBEAT, TEXT, Outcome, freeze_holding_jobs, send_texts,
-                                   stray_replies, texts, wait_for)
+from tests.faults.conftest import (FAST_HEARTBEAT, TEXT, assert_each_answered_once, freeze_holding_jobs,
+                                   load_running, stray_replies, texts, wait_for)
 
 
 def text_stack(model_store, tmp_path, **web_env) -> Stack:
@@ -29,22 +29,18 @@ def test_kill_one_of_two_workers_mid_run(model_store, tmp_path, expected_embeddi
         stack.start_worker(TEXT, FUNNEL_WORKER_ID="survivor")
         stack.wait_ready(60, expected={TEXT: 2})
         client = redis.Redis.from_url(stack.redis_url)
-        outcome, progress = Outcome(), threading.Semaphore(0)
-        load = threading.Thread(target=send_texts, args=(stack, batch, expected, outcome, 16, progress))
-        load.start()
-        for _ in range(60):  # a fifth of the run answered: kill in the middle
-            progress.acquire(timeout=60)
-        held = freeze_holding_jobs(client, victim, "victim")
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
-        load.join(timeout=120)
-        assert not load.is_alive()
+        progress = threading.Semaphore(0)
+        with load_running(stack, batch, expected, 16, progress=progress) as outcome:
+            for _ in range(60):  # a fifth of the run answered: kill in the middle
+                progress.acquire(timeout=60)
+            held = freeze_holding_jobs(client, victim, "victim")
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
         stray = stray_replies(client)
         # The counter reaches the worker's hash on its next heartbeat.
         recovered = wait_for(lambda: int(worker_info(client, "survivor")["recovered"]), what="count")
     report(outcome, stray)
-    assert outcome.ok == len(batch) == outcome.sent, outcome
-    assert outcome.wrong == 0 and stray == 0
+    assert_each_answered_once(outcome, len(batch), stray)
     assert recovered >= held > 0
 
 
@@ -56,20 +52,15 @@ def test_kill_the_only_worker_then_start_another(model_store, tmp_path, expected
                                     FUNNEL_BATCH_SIZE="64")
         stack.wait_ready(60)
         client = redis.Redis.from_url(stack.redis_url)
-        outcome = Outcome()
-        load = threading.Thread(target=send_texts, args=(stack, batch, expected, outcome, 40))
-        load.start()
-        wait_for(lambda: client.llen("funnel:inflight:only") == len(batch), what="all jobs taken")
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
-        stack.start_worker(TEXT, FUNNEL_WORKER_ID="replacement")
-        load.join(timeout=60)
-        assert not load.is_alive()
+        with load_running(stack, batch, expected, 40, timeout_s=60) as outcome:
+            wait_for(lambda: client.llen("funnel:inflight:only") == len(batch), what="all jobs taken")
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            stack.start_worker(TEXT, FUNNEL_WORKER_ID="replacement")
         stray = stray_replies(client)
         recovered = wait_for(lambda: int(worker_info(client, "replacement")["recovered"]), what="count")
     report(outcome, stray)
-    assert outcome.ok == len(batch) == outcome.sent, outcome
-    assert outcome.wrong == 0 and stray == 0
+    assert_each_answered_once(outcome, len(batch), stray)
     assert recovered == len(batch)
     assert outcome.slowest_s < 30  # within the request deadline
 
@@ -83,16 +74,12 @@ def test_sigterm_mid_batch_answers_the_batch_and_exits_0(model_store, tmp_path, 
                                     FUNNEL_BATCH_SIZE="64")
         stack.wait_ready(60)
         client = redis.Redis.from_url(stack.redis_url)
-        outcome = Outcome()
-        load = threading.Thread(target=send_texts, args=(stack, batch, expected, outcome, 12))
-        load.start()
-        wait_for(lambda: client.llen("funnel:inflight:graceful") == len(batch), what="batch taken")
-        worker.send_signal(signal.SIGTERM)  # lingering for 10 s: the stop cuts it short
-        assert worker.wait(timeout=8) == 0
-        load.join(timeout=30)
+        with load_running(stack, batch, expected, 12, timeout_s=30) as outcome:
+            wait_for(lambda: client.llen("funnel:inflight:graceful") == len(batch), what="batch taken")
+            worker.send_signal(signal.SIGTERM)  # lingering for 10 s: the stop cuts it short
+            assert worker.wait(timeout=8) == 0
         stray = stray_replies(client)
         registered = client.hexists("funnel:workers", "graceful") or client.exists("funnel:worker:graceful")
     report(outcome, stray)
-    assert outcome.ok == len(batch) == outcome.sent, outcome
-    assert outcome.wrong == 0 and stray == 0
+    assert_each_answered_once(outcome, len(batch), stray)
     assert not registered  # deregistered on the way out
