@@ -3,6 +3,7 @@
     python benchmarks/bench.py [--models text-embedding,image-classifier] [--suite same,default]
                                [--backend onnx|torch] [--concurrency 1,8,32,128] [--duration 10]
                                [--rounds 3] [--systems ceiling,flask,streamer,litserve,funnel] [--quick]
+                               [--device cpu|cuda:N] [--store PATH] [--web-processes N]
 
 Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after its run):
   ceiling   the model called in-process, batch 1 and batch 32, no HTTP
@@ -11,6 +12,8 @@ Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after 
             (batch 32, max latency 20 ms), its own private Redis
   litserve  LitServe, max_batch_size 32, batch_timeout 0.02 s
   funnel    scripts.stack.Stack with default settings (what `make up` starts), serving this model
+--web-processes N gives every web tier N processes (gunicorn -w N, LitServe num_api_servers=N,
+FUNNEL_PROCESSES=N); --device cuda:N puts every model (peers, ceiling, Funnel's worker) on that GPU.
 
 Suites:
   same      every system serves Funnel's exported model (model_store) through worker.backend
@@ -100,6 +103,16 @@ def machine() -> dict:
             "onnxruntime", "torch", "transformers", "numpy", "pillow-simd", "flask", "gunicorn",
             "gevent", "service_streamer", "litserve", "fastapi", "uvicorn", "redis")},
     }
+
+
+def gpu_name(device: str) -> str:
+    """torch's name for the GPU, asked in a child process so that the driver does not import torch."""
+    code = "import sys, torch; print(torch.cuda.get_device_name(sys.argv[1]))"
+    proc = subprocess.run([sys.executable, "-c", code, device], check=False, capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        raise SystemExit(f"--device {device}: torch cannot use it: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip()
 
 
 def loadavg() -> str:
@@ -295,9 +308,10 @@ class Running:
         return all(p.poll() is None for p in self.procs)
 
 
-def peer_env(model: str, impl: str, extra: dict) -> dict:
+def peer_env(model: str, impl: str, args, extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "BENCH_"))}
-    env.update(BENCH_MODEL=model, BENCH_IMPL=impl, BENCH_STORE=str(ROOT / "model_store"),
+    env.update(BENCH_MODEL=model, BENCH_IMPL=impl, BENCH_STORE=args.store, BENCH_DEVICE=args.device,
+               BENCH_WEB_PROCESSES=str(args.web_processes or 0),
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(extra)
@@ -350,30 +364,30 @@ def read_pidfile(path: Path, procs: list[subprocess.Popen], timeout_s: float = R
     raise TimeoutError(f"no model process wrote {path}")
 
 
-def gunicorn(app: str, port: int, extra: list[str]) -> list[str]:
+def gunicorn(app: str, port: int, processes: int | None, extra: list[str]) -> list[str]:
     # --no-control-socket: gunicorn 27 otherwise binds one shared ~/.gunicorn/gunicorn.ctl per user.
-    return [sys.executable, "-m", "gunicorn", "-w", "2", "--no-control-socket", *extra,
+    return [sys.executable, "-m", "gunicorn", "-w", str(processes or 2), "--no-control-socket", *extra,
             "-b", f"127.0.0.1:{port}", app]
 
 
-def start_flask(model: str, impl: str, workdir: Path) -> Running:
+def start_flask(model: str, impl: str, args, workdir: Path) -> Running:
     port = free_port()
-    web = spawn(gunicorn("benchmarks.peers.flask_app:app", port, []),
-                peer_env(model, impl, {"BENCH_THREADS": "1"}), workdir / "flask.log")
+    web = spawn(gunicorn("benchmarks.peers.flask_app:app", port, args.web_processes, []),
+                peer_env(model, impl, args, {"BENCH_THREADS": "1"}), workdir / "flask.log")
     return Running(f"http://127.0.0.1:{port}/predict", {"web": [web.pid]}, lambda: stop_group(web), [web])
 
 
-def start_streamer(model: str, impl: str, workdir: Path) -> Running:
+def start_streamer(model: str, impl: str, args, workdir: Path) -> Running:
     redis = LocalRedis().start()
     broker = f"127.0.0.1:{redis.port}"
     pidfile = workdir / "streamer-model.pid"
     pidfile.unlink(missing_ok=True)
-    env = peer_env(model, impl, {"BENCH_REDIS": broker, "BENCH_PIDFILE": str(pidfile)})
+    env = peer_env(model, impl, args, {"BENCH_REDIS": broker, "BENCH_PIDFILE": str(pidfile)})
     worker = spawn([sys.executable, str(ROOT / "benchmarks" / "peers" / "streamer_worker.py")], env,
                    workdir / "streamer-worker.log")
     port = free_port()
-    web = spawn(gunicorn("benchmarks.peers.streamer_web:app", port, ["-k", "gevent"]), env,
-                workdir / "streamer-web.log")
+    web = spawn(gunicorn("benchmarks.peers.streamer_web:app", port, args.web_processes, ["-k", "gevent"]),
+                env, workdir / "streamer-web.log")
 
     def stop():
         stop_group(web)
@@ -385,12 +399,12 @@ def start_streamer(model: str, impl: str, workdir: Path) -> Running:
                    stop, [web, worker])
 
 
-def start_litserve(model: str, impl: str, workdir: Path) -> Running:
+def start_litserve(model: str, impl: str, args, workdir: Path) -> Running:
     port = free_port()
     pidfile = workdir / "litserve-model.pid"
     pidfile.unlink(missing_ok=True)
     server = spawn([sys.executable, str(ROOT / "benchmarks" / "peers" / "litserve_app.py"), str(port)],
-                   peer_env(model, impl, {"BENCH_PIDFILE": str(pidfile)}), workdir / "litserve.log")
+                   peer_env(model, impl, args, {"BENCH_PIDFILE": str(pidfile)}), workdir / "litserve.log")
     running = Running(f"http://127.0.0.1:{port}/predict", {}, lambda: stop_group(server), [server])
     try:
         model_pid = read_pidfile(pidfile, [server])
@@ -402,9 +416,12 @@ def start_litserve(model: str, impl: str, workdir: Path) -> Running:
     return running
 
 
-def start_funnel(model: str, backend: str, workdir: Path) -> Running:
+def start_funnel(model: str, backend: str, args, workdir: Path) -> Running:
     # What `make up` starts (scripts/stack.py), default settings, serving the benchmarked model only.
-    stack = Stack(models=[model], worker_env={"FUNNEL_BACKEND": backend}, log_dir=workdir / "funnel")
+    web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
+    web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
+    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / "funnel", web_env=web_env,
+                  worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device})
     stack.start(timeout_s=READY_TIMEOUT_S)
     return Running(f"{stack.url}/v1/models/{model}/predict",
                    {"web": [stack.web.pid], "model": [w.pid for w in stack.workers],
@@ -501,11 +518,11 @@ def sample_batch_sizes(url: str, data: Payload, clients: int, total: int) -> lis
 # -- one system, one round ---------------------------------------------------
 
 
-def run_ceiling(model: str, impl: str, seconds: float, workdir: Path, data: Payload, log) -> dict:
+def run_ceiling(model: str, impl: str, options, workdir: Path, data: Payload, log) -> dict:
     raw = workdir / f"ceiling-{model}.raw"
     raw.write_bytes(data.body)
-    env = peer_env(model, impl, {})
-    args = [sys.executable, "-m", "benchmarks.peers.ceiling", f"{seconds:g}", str(raw)]
+    env = peer_env(model, impl, options, {})
+    args = [sys.executable, "-m", "benchmarks.peers.ceiling", f"{options.duration:g}", str(raw)]
     busy_before, child_before = machine_busy_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -524,7 +541,7 @@ def run_ceiling(model: str, impl: str, seconds: float, workdir: Path, data: Payl
 def run_system(system: str, model: str, impl: str, args, concurrency: list[int], workdir: Path,
                data: Payload, log) -> dict:
     started = time.monotonic()
-    running = STARTERS[system](model, impl, workdir)
+    running = STARTERS[system](model, impl, args, workdir)
     result: dict = {"loadavg_before": loadavg(), "points": {}}
     try:
         wait_ready(running, model, data)
@@ -831,7 +848,18 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 2 s per point, 1 and 32 clients, 1 round")
     parser.add_argument("--keep-logs", action="store_true", help="keep the systems' logs and wrk outputs")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda:N: where every system runs the model (peers, ceiling, Funnel)")
+    parser.add_argument("--store", default=str(ROOT / "model_store"), help="model store of every system")
+    parser.add_argument("--web-processes", type=int, default=None, metavar="N",
+                        help="web processes of every system (gunicorn -w, LitServe num_api_servers, "
+                             "FUNNEL_PROCESSES); default: each system's own (2, 2, 1, 2)")
+    parser.add_argument("--funnel-env", action="append", default=[], metavar="FUNNEL_X=VALUE",
+                        help="a setting for Funnel's web tier (repeatable), e.g. FUNNEL_REPLY_INBOX=1")
     args = parser.parse_args(argv)
+    if any(not re.fullmatch(r"FUNNEL_[A-Z_]+=.*", kv) for kv in args.funnel_env):
+        parser.error("--funnel-env takes FUNNEL_NAME=value")
+    args.funnel_env = dict(kv.split("=", 1) for kv in args.funnel_env)
     if args.quick:
         args.duration, args.warmup, args.rounds, args.concurrency = 2.0, 2.0, 1, "1,32"
         args.batch_samples = min(args.batch_samples, 192)
@@ -845,6 +873,17 @@ def parse_args(argv):
         unknown = [v for v in values if v not in known]
         if unknown:
             parser.error(f"unknown {name} {unknown}; known: {', '.join(known)}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        parser.error(f"--device {args.device!r}: cpu or cuda:N")
+    if args.web_processes is not None and args.web_processes < 1:
+        parser.error("--web-processes must be at least 1")
+    args.store = str(Path(args.store).resolve())
+    onnx = sorted({f"{s}:{i}" for suite in args.suites for s, i in systems_of(suite, args.backend)
+                   if i == "onnx" and s in args.system_list})
+    if args.device != "cpu" and onnx and version("onnxruntime-gpu") == "not installed":
+        parser.error(f"--device {args.device}: {', '.join(onnx)} would run ONNX on the GPU, but "
+                     "onnxruntime-gpu is not installed (the default suite serves Funnel with ONNX): "
+                     "use --suite same --backend torch")
     return args
 
 
@@ -858,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now()
     command = "python benchmarks/bench.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     info = machine()
+    info["gpu"] = gpu_name(args.device) if args.device != "cpu" else None
+    if args.web_processes:
+        LABELS["flask"] = f"Flask + gunicorn -w{args.web_processes}, no batching"
     workdir = Path(tempfile.mkdtemp(prefix="funnel-bench-"))
     log = open(workdir / "wrk.log", "a")
     jpeg = cat_jpeg()
@@ -895,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"load average {loadavg()}", flush=True)
                     data = payload(model, system, jpeg)
                     if system == "ceiling":
-                        result = run_ceiling(model, impl, args.duration, workdir, data, log)
+                        result = run_ceiling(model, impl, args, workdir, data, log)
                         print(f"    batch 1 {result['batch1']:.1f}, batch 32 {result['batch32']:.1f}, "
                               f"batch 32 with preprocessing {result['batch32_pre']:.1f} items/s", flush=True)
                     else:
@@ -928,6 +970,8 @@ def write_report(model: str, args, info: dict, command: str, stamp: dt.datetime,
                 if not name.startswith("ceiling:"):
                     by_kind.setdefault(res["payload"], set()).add(name.split(":")[0])
     payloads = [f"{kind} to {', '.join(sorted(systems))}" for kind, systems in sorted(by_kind.items())]
+    web = args.web_processes
+    accelerator = "cpu" if args.device == "cpu" else "cuda"
     parts = [
         f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "",
         f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, {info['os']}; "
@@ -936,6 +980,11 @@ def write_report(model: str, args, info: dict, command: str, stamp: dt.datetime,
         f"{pkgs['gunicorn']}, gevent {pkgs['gevent']}, service_streamer {pkgs['service_streamer']}, "
         f"litserve {pkgs['litserve']} (fastapi {pkgs['fastapi']}, uvicorn {pkgs['uvicorn']}); "
         f"{info['wrk']}.", "",
+        f"Device: {args.device}" + (f" ({info['gpu']})" if info.get("gpu") else "")
+        + f"; model store: {args.store}; web processes: "
+        + (f"{web} for every system (--web-processes)." if web else "each system's default (below).")
+        + (f" Funnel's web tier also had {', '.join(f'{k}={v}' for k, v in args.funnel_env.items())}."
+           if args.funnel_env else ""), "",
         f"Command: `{command}`", "",
         *(["**Quick smoke run** (--quick: 2 s per point, one round): it shows that the harness works, "
            "not how the systems compare.", ""] if args.quick else []),
@@ -958,15 +1007,16 @@ def write_report(model: str, args, info: dict, command: str, stamp: dt.datetime,
         "workers), redis = the system's private redis-server. *other load* is the rest of the machine's "
         "busy CPU during the point (other jobs, the driver; wrk excluded) in cores: above ~0.1 the point "
         "was disturbed.", "",
-        "Settings: Flask: gunicorn -w 2 sync workers, 1 intra-op thread each, no batching. service-streamer: "
-        "RedisStreamer in gunicorn -k gevent -w 2, run_redis_workers_forever with 1 model worker, batch 32, "
-        "max latency 20 ms, its own redis-server; preprocessing in the web processes (suite 'default': raw "
-        "inputs to the model worker, as its examples do). LitServe: "
-        "max_batch_size 32, batch_timeout 0.02 s, one inference worker (accelerator cpu), one API server "
-        "(its default), preprocessing in decode_request (inference worker). Funnel: scripts.stack.Stack "
-        "with default settings (2 gthread web processes × 64 threads, one worker for this model, batch "
-        "size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes and "
-        "the ceiling use the library's default intra-op threads.", "",
+        f"Settings: Flask: gunicorn -w {web or 2} sync workers, 1 intra-op thread each, no batching. "
+        f"service-streamer: RedisStreamer in gunicorn -k gevent -w {web or 2}, run_redis_workers_forever "
+        "with 1 model worker, batch 32, max latency 20 ms, its own redis-server; preprocessing in the web "
+        "processes (suite 'default': raw inputs to the model worker, as its examples do). LitServe: "
+        f"max_batch_size 32, batch_timeout 0.02 s, one inference worker (accelerator {accelerator}), "
+        + (f"num_api_servers={web}" if web else "one API server (its default)")
+        + ", preprocessing in decode_request (inference worker). Funnel: scripts.stack.Stack "
+        f"with default settings ({web or 2} gthread web processes × 64 threads, one worker for this model, "
+        "batch size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes "
+        "and the ceiling use the library's default intra-op threads.", "",
     ]
     written = []
     raw = {"model": model, "command": command, "machine": info, "date": stamp.isoformat(), "rounds": rounds,

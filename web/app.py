@@ -25,6 +25,7 @@ from common.wire import Reply
 from web import metrics as web_metrics
 from web import openapi
 from web.gateway import Gateway
+from web.inbox import Inbox
 from web.jsonio import OrjsonProvider
 from web.registry import describe, live_workers, queue_lengths
 from web.settings import WebSettings
@@ -52,7 +53,8 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     models = load_models(settings)
     keys = Keys(settings.prefix)
     client = client or connect(settings.redis_url, socket_timeout=settings.request_timeout_s + 5)
-    gateway = Gateway(client, keys, settings.max_queue)
+    inbox = Inbox(client, keys, on_unclaimed=web_metrics.UNCLAIMED.inc) if settings.reply_inbox else None
+    gateway = Gateway(client, keys, settings.max_queue, inbox)
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)

@@ -1,4 +1,9 @@
-"""The web tier's side of the queue: push jobs, wait for their replies."""
+"""The web tier's side of the queue: push jobs, wait for their replies.
+
+Each request waits with one BLPOP on a reply key of its own, or, given an
+inbox (FUNNEL_REPLY_INBOX), through this process's shared one (web/inbox.py):
+README, Performance, compares the two.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import redis
 from common.errors import Overloaded, Timeout, Unavailable
 from common.keys import Keys
 from common.wire import Job, Reply, decode_reply, encode_job, now_ms
+from web.inbox import Inbox
 
 
 # LPUSH the jobs only if the queue is shorter than ARGV[1] (0: no limit), in
@@ -23,25 +29,29 @@ return redis.call('LPUSH', KEYS[1], unpack(ARGV, 2))
 
 
 class Gateway:
-    def __init__(self, client: redis.Redis, keys: Keys, max_queue: int = 0):
-        self.client, self.keys, self.max_queue = client, keys, max_queue
+    def __init__(self, client: redis.Redis, keys: Keys, max_queue: int = 0, inbox: Inbox | None = None):
+        self.client, self.keys, self.max_queue, self.inbox = client, keys, max_queue, inbox
         self._push = client.register_script(_PUSH_BOUNDED)
 
     def submit(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float) -> list[Reply]:
         """Queue one job per input and return their replies, in input order."""
         deadline = now_ms() + int(timeout_s * 1000)
-        jobs = []
-        for item in inputs:
-            job_id = uuid.uuid4().hex
-            jobs.append(Job(id=job_id, model=model, inputs=item,
-                            reply_to=self.keys.reply(job_id), deadline=deadline))
-        queue = self.keys.queue(model)
+        ids = [uuid.uuid4().hex for _ in inputs]
+        waiter = self.inbox.expect(ids) if self.inbox else None
+        reply_to = [self.inbox.key] * len(ids) if self.inbox else [self.keys.reply(i) for i in ids]
+        jobs = [Job(id=job_id, model=model, inputs=item, reply_to=to, deadline=deadline)
+                for job_id, item, to in zip(ids, inputs, reply_to)]
         try:
-            if self._push(keys=[queue], args=[self.max_queue, *map(encode_job, jobs)]) < 0:
+            if self._push(keys=[self.keys.queue(model)], args=[self.max_queue, *map(encode_job, jobs)]) < 0:
                 raise Overloaded(f"the {model} queue is full; retry shortly")
+            if waiter is not None:
+                return self.inbox.collect(waiter, ids, deadline)
             return self._await(jobs, deadline)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
+        finally:
+            if waiter is not None:
+                self.inbox.forget(ids)
 
     def _await(self, jobs: list[Job], deadline: int) -> list[Reply]:
         pending = {job.reply_to: i for i, job in enumerate(jobs)}

@@ -26,6 +26,8 @@ LATENCY = Histogram("funnel_request_seconds", "predict latency, end to end in th
                     ["model"], buckets=LATENCY_BUCKETS)
 QUEUE_WAIT = Histogram("funnel_queue_wait_seconds", "time a job waited before its batch ran",
                        ["model"], buckets=LATENCY_BUCKETS)
+UNCLAIMED = Counter("funnel_replies_unclaimed", "replies that reached this tier's inbox with nobody "
+                    "waiting: their request had given up (deadline), or the job was answered twice")
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
                     ["model"], buckets=BATCH_BUCKETS)
 

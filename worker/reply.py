@@ -10,14 +10,17 @@ from common.wire import Reply, encode_reply
 
 def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
            replies: list[tuple[str, Reply]], dead: list[bytes], ttl_s: int) -> None:
-    """LPUSH + EXPIRE each reply, park dead jobs, then forget the batch.
+    """LPUSH + EXPIRE the replies, one push per reply list, park dead jobs, then forget the batch.
 
     MULTI/EXEC makes it all or nothing: a crash before EXEC leaves the jobs in
     flight for recovery, a crash after leaves nothing half done.
     """
-    pipe = client.pipeline(transaction=True)
+    by_list: dict[str, list[bytes]] = {}
     for reply_to, reply in replies:
-        pipe.lpush(reply_to, encode_reply(reply))
+        by_list.setdefault(reply_to, []).append(encode_reply(reply))
+    pipe = client.pipeline(transaction=True)
+    for reply_to, payloads in by_list.items():  # a web process's inbox takes its share in one push
+        pipe.lpush(reply_to, *payloads)
         pipe.expire(reply_to, ttl_s)
     for raw in dead:
         pipe.lpush(keys.dead(model), raw)

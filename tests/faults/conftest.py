@@ -17,7 +17,7 @@ import redis
 from common.store import load_spec
 from common.tasks import Limits, text_embedding
 from scripts.stack import Stack
-from tests.conftest import http
+from tests.conftest import http, metric
 
 TEXT = "text-embedding"
 FAST_HEARTBEAT = {"FUNNEL_HEARTBEAT_TTL_S": "2"}
@@ -101,9 +101,11 @@ def assert_each_answered_once(outcome: Outcome, sent: int, stray: int) -> None:
     assert outcome.wrong == 0 and stray == 0
 
 
-def stray_replies(client: redis.Redis) -> int:
-    """Replies nobody read: a job answered twice leaves its second reply here."""
-    return len(client.keys("funnel:reply:*"))
+def stray_replies(client: redis.Redis, stack: Stack) -> int:
+    """Replies nobody read: a job answered twice leaves its second reply in a reply list, or the
+    web tier's inbox finds nobody waiting for it (counted in funnel_replies_unclaimed_total)."""
+    scraped = http("GET", f"{stack.url}/metrics")[1]["_text"]
+    return len(client.keys("funnel:reply:*")) + int(metric(scraped, "funnel_replies_unclaimed_total"))
 
 
 def freeze_holding_jobs(client: redis.Redis, proc, worker_id: str, timeout_s: float = 30) -> int:

@@ -46,7 +46,7 @@ def test_a_full_queue_answers_503_and_stays_at_its_length(stack, client, cat_jpe
         assert headers["Retry-After"] == "1"
         assert seconds < 1.0
     assert client.llen(f"funnel:queue:{IMAGE}") == 4
-    report(outcome, stray_replies(client))
+    report(outcome, stray_replies(client, stack))
 
 
 def test_concurrent_requests_never_overfill_the_queue(stack, client, cat_jpeg, report):
@@ -69,7 +69,7 @@ def test_no_reply_in_time_is_504_and_the_late_job_is_dropped(stack, client, cat_
     worker = stack.start_worker(IMAGE, FUNNEL_WORKER_ID="late-image")
     wait_for(lambda: client.hget("funnel:worker:late-image", "expired") == b"1", what="expired job dropped")
     assert client.llen(f"funnel:queue:{IMAGE}") == 0
-    assert stray_replies(client) == 0  # dropped, never answered
+    assert stray_replies(client, stack) == 0  # dropped, never answered
     worker.terminate()
     assert worker.wait(timeout=30) == 0
     report(outcome, 0)

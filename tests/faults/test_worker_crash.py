@@ -36,7 +36,7 @@ def test_kill_one_of_two_workers_mid_run(model_store, tmp_path, expected_embeddi
             held = freeze_holding_jobs(client, victim, "victim")
             victim.send_signal(signal.SIGKILL)
             victim.wait()
-        stray = stray_replies(client)
+        stray = stray_replies(client, stack)
         # The counter reaches the worker's hash on its next heartbeat.
         recovered = wait_for(lambda: int(worker_info(client, "survivor")["recovered"]), what="count")
     report(outcome, stray)
@@ -57,7 +57,7 @@ def test_kill_the_only_worker_then_start_another(model_store, tmp_path, expected
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             stack.start_worker(TEXT, FUNNEL_WORKER_ID="replacement")
-        stray = stray_replies(client)
+        stray = stray_replies(client, stack)
         recovered = wait_for(lambda: int(worker_info(client, "replacement")["recovered"]), what="count")
     report(outcome, stray)
     assert_each_answered_once(outcome, len(batch), stray)
@@ -78,7 +78,7 @@ def test_sigterm_mid_batch_answers_the_batch_and_exits_0(model_store, tmp_path, 
             wait_for(lambda: client.llen("funnel:inflight:graceful") == len(batch), what="batch taken")
             worker.send_signal(signal.SIGTERM)  # lingering for 10 s: the stop cuts it short
             assert worker.wait(timeout=8) == 0
-        stray = stray_replies(client)
+        stray = stray_replies(client, stack)
         registered = client.hexists("funnel:workers", "graceful") or client.exists("funnel:worker:graceful")
     report(outcome, stray)
     assert_each_answered_once(outcome, len(batch), stray)

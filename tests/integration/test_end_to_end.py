@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import redis
 
 from scripts.stack import Stack
 from tests.conftest import http, multipart
@@ -98,3 +99,22 @@ def test_torch_workers_run_on_tcmalloc(stack):
     for worker in stack.workers:
         with open(f"/proc/{worker.pid}/maps") as maps:
             assert "tcmalloc" in maps.read()
+
+
+def test_shared_reply_inbox_mode_answers_the_same(model_store, tmp_path):
+    """FUNNEL_REPLY_INBOX=1: every request still gets its own answer, through its process's inbox."""
+    texts = [f"sentence {i} about {'cats ' * (i % 5)}and dogs" for i in range(48)]
+    with Stack(model_store=model_store, models=["text-embedding"], web_env={"FUNNEL_REPLY_INBOX": "1"},
+               log_dir=tmp_path) as running:
+        alone = [embed(running, t) for t in texts]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            together = list(pool.map(lambda t: predict(running, "text-embedding", json_body={"text": t}), texts))
+        # Each web process that served a request has one connection blocked on its inbox.
+        listeners = [c for c in redis.Redis.from_url(running.redis_url).client_list() if c["cmd"] == "brpop"]
+    assert 1 <= len(listeners) <= 2  # FUNNEL_PROCESSES=2
+    batch_sizes = []
+    for expected, (status, body, _) in zip(alone, together):
+        assert status == 200, body
+        np.testing.assert_allclose(body["embedding"], expected, atol=1e-5)
+        batch_sizes.append(body["meta"]["batch_size"])
+    assert max(batch_sizes) > 1

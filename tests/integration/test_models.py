@@ -1,31 +1,26 @@
-"""Both exported backends agree with the eager PyTorch model on real inputs."""
+"""Both exported backends agree with the eager PyTorch model on real inputs; the int8 and fp16
+variants stay close to fp32."""
 
 import numpy as np
 import pytest
 import torch
 
 from common.store import load_spec
-from common.tasks import Limits, image_classification, text_embedding
 from scripts import prepare_model
+from tests.conftest import SENTENCES, cosines, image_feeds, text_feeds
 from worker import backend as backends
-
-LIMITS = Limits()
-SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
-             "The girl is carrying a baby.", "A man is riding a horse on a sunny day in the hills."]
 
 
 @pytest.fixture(scope="module")
 def image_batch(model_store, cat_jpeg, coffee_jpeg):
     spec = load_spec(model_store, "image-classifier")
-    items = [image_classification.preprocess(b, spec, LIMITS) for b in (cat_jpeg, coffee_jpeg)]
-    return spec, image_classification.collate(items, spec)
+    return spec, image_feeds(spec, [cat_jpeg, coffee_jpeg])
 
 
 @pytest.fixture(scope="module")
 def text_batch(model_store):
     spec = load_spec(model_store, "text-embedding")
-    items = [text_embedding.preprocess(s, spec, LIMITS) for s in SENTENCES]
-    return spec, text_embedding.collate(items, spec)
+    return spec, text_feeds(spec)
 
 
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
@@ -81,11 +76,89 @@ def test_int8_text_model_stays_close_to_fp32(model_store, tmp_path):
              "music plays loud in on under over house car tree river mountain city").split()
     sentences = SENTENCES + [" ".join(random.choice(words) for _ in range(random.randint(2, 40)))
                              for _ in range(60)]
-    feeds = text_embedding.collate([text_embedding.preprocess(s, fp32_spec, LIMITS) for s in sentences],
-                                   fp32_spec)
+    feeds = text_feeds(fp32_spec, sentences)
     fp32 = backends.load(fp32_spec, "onnx", "cpu").run(feeds)["embedding"]
     int8 = backends.load(int8_spec, "onnx", "cpu").run(feeds)["embedding"]
     cosine = (fp32 * int8).sum(axis=1)
     assert cosine.min() >= 0.99, cosine.min()
     with pytest.raises(ValueError, match="no TorchScript"):
         backends.load(int8_spec, "torch", "cpu")
+
+
+def test_io_binding_gives_the_plain_run_outputs(image_batch, text_batch):
+    for spec, feeds in (image_batch, text_batch):
+        model = backends.OnnxBackend(spec, "cpu", 0, io_binding=True)  # by default only on CUDA
+        bound = model.run(feeds)
+        model.io_binding = False
+        plain = model.run(feeds)
+        assert bound.keys() == plain.keys() == set(spec.config["outputs"])
+        for name in plain:
+            np.testing.assert_array_equal(bound[name], plain[name])
+    assert not backends.OnnxBackend(image_batch[0], "cpu", 0).io_binding
+
+
+class SizeRecorder:
+    """A backend that notes the batch sizes it is given, then runs them."""
+
+    def __init__(self, inner):
+        self.inner, self.sizes = inner, []
+        self.input_names, self.output_names, self.description = inner.input_names, inner.output_names, ""
+
+    def run(self, feeds):
+        self.sizes.append(len(next(iter(feeds.values()))))
+        return self.inner.run(feeds)
+
+
+def test_power_of_two_batches_answer_each_item_as_run_alone(text_batch):
+    """The CUDA wrapper pads 3 to 4 and 5 to 8 rows; each answer is the item's own."""
+    spec, _ = text_batch
+    texts = SENTENCES + ["A woman is playing the violin.", "Two dogs run across a field of snow."]
+    inner = backends.OnnxBackend(spec, "cpu", 0)
+    recorder = SizeRecorder(inner)
+    model = backends.PowerOfTwoBatches(recorder)
+    for n in (1, 3, 5, 6):
+        got = model.run(text_feeds(spec, texts[:n]))["embedding"]
+        alone = np.concatenate([inner.run(text_feeds(spec, [t]))["embedding"] for t in texts[:n]])
+        assert got.shape == (n, 384)
+        np.testing.assert_allclose(got, alone, atol=1e-5)
+    assert recorder.sizes == [1, 4, 8, 8]
+
+
+def test_fp16_folders(fp16_store):
+    import onnx
+
+    for base, side_file in (("image-classifier", "labels.txt"), ("text-embedding", "tokenizer.json")):
+        fp32, fp16 = load_spec(fp16_store, base), load_spec(fp16_store, f"{base}-fp16")
+        assert fp16.config == {**fp32.config, "name": fp16.name, "precision": "fp16",
+                               "description": fp32.config["description"] + ", fp16 (for CUDA)"}
+        assert (fp16.path / side_file).read_bytes() == (fp32.path / side_file).read_bytes()
+        graph, fp32_graph = (onnx.load(str(spec.file("onnx"))).graph for spec in (fp16, fp32))
+        inputs = [[(i.name, i.type.tensor_type.elem_type) for i in g.input] for g in (graph, fp32_graph)]
+        assert inputs[0] == inputs[1]  # integer ids or uint8 pixels, as before
+        assert [o.type.tensor_type.elem_type for o in graph.output] == [onnx.TensorProto.FLOAT]
+        floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+        assert {t.data_type for t in graph.initializer} & floats == {onnx.TensorProto.FLOAT16}
+        # Traced on the CPU, yet no device is fixed in the graph: it follows the inputs to CUDA.
+        module = torch.jit.load(str(fp16.file("torchscript")))
+        nodes = module.graph.findAllNodes("prim::Constant")
+        assert not [n for n in nodes if isinstance(n.output().type(), torch._C.DeviceObjType)]
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_fp16_text_model_stays_close_to_fp32(backend, fp16_store, text_batch, caplog):
+    spec, feeds = text_batch
+    fp32 = backends.load(spec, backend, "cpu").run(feeds)["embedding"]
+    fp16 = backends.load(load_spec(fp16_store, "text-embedding-fp16"), backend, "cpu").run(feeds)["embedding"]
+    assert fp16.dtype == np.float32
+    assert cosines(fp16, fp32).min() >= 0.99
+    assert "fp16 model, meant for CUDA" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_fp16_image_model_stays_close_to_fp32(backend, fp16_store, image_batch):
+    spec, feeds = image_batch
+    fp32 = backends.load(spec, backend, "cpu").run(feeds)["probabilities"]
+    fp16 = backends.load(load_spec(fp16_store, "image-classifier-fp16"), backend, "cpu").run(
+        feeds)["probabilities"]
+    np.testing.assert_array_equal(fp16.argmax(axis=1), fp32.argmax(axis=1))
+    np.testing.assert_allclose(fp16, fp32, atol=0.02)

@@ -10,7 +10,7 @@ import pytest
 
 from scripts.redis_local import redis_cli_binary
 from scripts.stack import ROOT, Stack
-from tests.conftest import http
+from tests.conftest import http, metric
 from tests.faults.conftest import wait_for
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
@@ -61,17 +61,6 @@ def test_health_and_readiness(loaded):
     assert http("GET", f"{loaded.url}/healthz")[:2] == (200, {"status": "ok"})
     status, body, _ = http("GET", f"{loaded.url}/readyz")
     assert status == 200 and body["workers"] == 2
-
-
-def metric(text: str, name: str, **labels) -> float:
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-    assert found, f"{name} {labels} not in /metrics"
-    return total
 
 
 def test_prometheus_metrics(loaded):

@@ -1,0 +1,79 @@
+"""The web process's shared reply inbox, against a real Redis: replies pushed as a worker pushes them."""
+
+import random
+
+import pytest
+import redis
+
+from common.errors import Timeout, Unavailable
+from common.keys import Keys
+from common.wire import Reply, encode_reply, now_ms
+from scripts.redis_local import LocalRedis
+from web.inbox import Inbox
+
+
+@pytest.fixture()
+def inbox(redis_client, keys):
+    opened = Inbox(redis_client, keys)
+    yield opened
+    opened.close()
+
+
+def reply(job_id: str, value: int) -> bytes:
+    return encode_reply(Reply(id=job_id, ok=True, outputs={"value": value}, worker="w", batch_size=1))
+
+
+def test_replies_pushed_together_reach_their_own_requests_in_order(redis_client, inbox):
+    first, second = ["a1", "a2", "a3"], ["b1", "b2"]
+    waiters = inbox.expect(first), inbox.expect(second)
+    payloads = [reply(job_id, n) for n, job_id in enumerate(first + second)]
+    random.Random(0).shuffle(payloads)
+    redis_client.lpush(inbox.key, *payloads)  # one push, as worker/reply.py sends a batch's share
+
+    deadline = now_ms() + 10_000
+    got_first = inbox.collect(waiters[0], first, deadline)
+    got_second = inbox.collect(waiters[1], second, deadline)
+    assert [r.id for r in got_first] == first and [r.outputs["value"] for r in got_first] == [0, 1, 2]
+    assert [r.id for r in got_second] == second and [r.outputs["value"] for r in got_second] == [3, 4]
+
+
+def test_late_duplicate_unknown_and_garbled_replies_are_dropped_and_counted(redis_client, keys):
+    unclaimed = []
+    inbox = Inbox(redis_client, keys, on_unclaimed=lambda: unclaimed.append(1))
+    try:
+        gave_up = inbox.expect(["late"])
+        inbox.forget(["late"])  # its request hit the deadline and left
+        waiter = inbox.expect(["mine", "next"])
+        redis_client.lpush(inbox.key, reply("late", 1), reply("nobody", 2), b"\x00 not msgpack",
+                           reply("mine", 3))
+        [got] = inbox.collect(waiter, ["mine"], now_ms() + 10_000)
+        redis_client.lpush(inbox.key, reply("mine", 4), reply("next", 5))  # "mine" answered twice
+        [got_next] = inbox.collect(waiter, ["next"], now_ms() + 10_000)
+    finally:
+        inbox.close()
+    assert got.outputs["value"] == 3 and got_next.outputs["value"] == 5
+    assert gave_up.empty() and waiter.empty()
+    assert len(unclaimed) == 3  # late, nobody, the second "mine"; the garbled one is only logged
+    assert redis_client.llen(inbox.key) == 0  # all taken: nothing piles up
+
+
+def test_no_reply_by_the_deadline_is_a_timeout(inbox):
+    waiter = inbox.expect(["slow"])
+    with pytest.raises(Timeout):
+        inbox.collect(waiter, ["slow"], now_ms() + 200)
+
+
+def test_redis_going_away_fails_the_waiting_requests():
+    server = LocalRedis().start()
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        inbox = Inbox(client, Keys("funnel"))
+        waiter = inbox.expect(["stranded"])
+        client.ping()
+    finally:
+        server.stop()
+    try:
+        with pytest.raises(Unavailable):
+            inbox.collect(waiter, ["stranded"], now_ms() + 20_000)
+    finally:
+        inbox.close()
