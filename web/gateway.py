@@ -18,7 +18,6 @@ from common.keys import Keys
 from common.wire import Job, Reply, decode_reply, encode_job, now_ms
 from web.inbox import Inbox
 
-
 # LPUSH the jobs only if the queue is shorter than ARGV[1] (0: no limit), in
 # one step, so concurrent requests cannot overfill it. Returns -1 when full.
 _PUSH_BOUNDED = """

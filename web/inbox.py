@@ -13,8 +13,8 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Callable
 
 import redis
 
