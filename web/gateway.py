@@ -1,8 +1,8 @@
 """The web tier's side of the queue: push jobs, wait for their replies.
 
-Each request waits with one BLPOP on a reply key of its own, or, given an
-inbox (FUNNEL_REPLY_INBOX), through this process's shared one (web/inbox.py):
-README, Performance, compares the two.
+Replies come back through this process's shared inbox (web/inbox.py, the
+default) or, with inbox=None (FUNNEL_REPLY_INBOX=0), through one BLPOP per
+request on a reply key of its own; README, Performance, compares the two.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ class WebSettings:
     max_text_chars: int = setting(20_000, "longest text, in characters")
     max_image_pixels: int = setting(40_000_000, "largest image, in pixels (decompression bomb guard)")
     api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated (default: open)")
-    reply_inbox: bool = setting(False, "wait for replies through one shared inbox per process "
-                                "instead of one BLPOP per request (fewer Redis connections)")
+    reply_inbox: bool = setting(True, "wait for replies through one shared inbox per process "
+                                "(off: one BLPOP per request, on a reply key of its own)")
     processes: int = setting(2, "gunicorn worker processes")
     worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
                                 "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
