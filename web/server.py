@@ -39,7 +39,7 @@ class WebServer(BaseApplication):
         s = self.settings
         self.cfg.set("bind", f"{s.host}:{s.port}")
         self.cfg.set("workers", s.processes)
-        # Each request waits in BLPOP for its reply: a thread (gthread) or a greenlet (gevent) each.
+        # Each waiting request holds a thread (gthread) or a greenlet (gevent).
         self.cfg.set("worker_class", s.worker_class)
         self.cfg.set("threads", s.threads)
         self.cfg.set("worker_connections", max(1000, s.threads * 4))
