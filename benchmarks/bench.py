@@ -4,6 +4,7 @@
                                [--backend onnx|torch] [--concurrency 1,8,32,128] [--duration 10]
                                [--rounds 3] [--systems ceiling,flask,streamer,litserve,funnel] [--quick]
                                [--device cpu|cuda:N] [--store PATH] [--web-processes N]
+                               [--funnel-env FUNNEL_X=value ...]
 
 Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after its run):
   ceiling   the model called in-process, batch 1 and batch 32, no HTTP

@@ -91,9 +91,9 @@ class TorchBackend:
         self.torch = torch
         self.device = torch.device("cpu" if gpu is None else f"cuda:{gpu}")
         self.module = torch.jit.load(str(spec.file("torchscript")), map_location=self.device).eval()
-        # On CUDA, TorchScript's profiling executor compiles fused kernels for each new input
-        # shape, and every batch size is one: EfficientNet at 32 clients on an H100 spent its
-        # time compiling (35 req/s against 834 for batch-1 Flask). Run the frozen graph as is.
+        # On CUDA, TorchScript's profiling executor specialises and recompiles for new input
+        # shapes, and every batch size is one: with sizes 1-32 in random order on an H100 it ran
+        # EfficientNet at 185 items/s, the frozen graph as is at 1709 (benchmarks/cuda_shapes.py).
         self.optimize = gpu is None
         self.input_names = list(spec.config["feeds"])
         self.output_names = list(spec.config["outputs"])
