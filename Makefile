@@ -5,21 +5,21 @@ PY     := $(VENV)/bin/python
 STORE  ?= model_store
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models up test test-fast bench clean
+.PHONY: install models up test test-fast lint bench clean
 
 install: $(STAMP)
 
-# What scripts/install.sh reads (not bench.txt, which make bench installs, nor gpu.txt).
-$(STAMP): $(filter-out requirements/bench.txt requirements/gpu.txt,$(wildcard requirements/*.txt)) scripts/install.sh
+# pip installs the project (pyproject.toml) and the client (client/) into .venv, editable.
+$(STAMP): pyproject.toml client/pyproject.toml $(wildcard requirements/apt*.txt) scripts/install.sh
 	bash scripts/install.sh
 	touch $@
 
-# Rebuilt when the export script changes; skips models already prepared.
+# Rebuilt when the export code changes; skips models already prepared.
 models: install
-	$(PY) scripts/prepare_model.py --store $(STORE)
+	$(VENV)/bin/funnel prepare --store $(STORE)
 
 up: models
-	$(PY) scripts/stack.py --model-store $(STORE)
+	$(VENV)/bin/funnel up --model-store $(STORE)
 
 test: models
 	$(PY) -m pytest
@@ -27,13 +27,20 @@ test: models
 test-fast: models
 	$(PY) -m pytest tests/unit
 
+# Ruff (lint + import order) on everything, mypy on the three packages. mypy reads them under
+# their installed names (funnel.common, ...) through a tree of links in .lint/.
+lint: install
+	$(VENV)/bin/ruff check .
+	@mkdir -p .lint/funnel && for p in common web worker; do ln -sfn ../../$$p .lint/funnel/$$p; done
+	cd .lint && MYPYPATH=. ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p funnel.common -p funnel.web -p funnel.worker
+
 # Funnel against service-streamer, LitServe and plain Flask (benchmarks/README.md), both models,
-# both comparisons; about 70 minutes on 2 cores. The peers (requirements/bench.txt) are installed
-# into .venv once. Smoke check: make bench BENCH_ARGS=--quick. Core numbers: python benchmarks/core.py
+# both comparisons; about 70 minutes on 2 cores. The peers (pyproject's bench extra) are installed
+# into .venv once. Smoke check: make bench BENCH_ARGS=--quick. Core numbers: python -m benchmarks.core
 bench: models
-	@[ $(VENV)/.bench-installed -nt requirements/bench.txt ] || \
+	@[ $(VENV)/.bench-installed -nt pyproject.toml ] || \
 		{ bash benchmarks/install.sh && touch $(VENV)/.bench-installed; }
-	$(PY) benchmarks/bench.py --models text-embedding,image-classifier --suite same,default $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench --models text-embedding,image-classifier --suite same,default $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(STORE) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(STORE) .pytest_cache .hypothesis .lint .mypy_cache .ruff_cache

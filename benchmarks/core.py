@@ -1,11 +1,12 @@
 """Core numbers: single-request latency per model, and text-embedding throughput at 32 clients.
 
-    python benchmarks/core.py [--duration 15] [--requests 200]
+    python -m benchmarks.core [--duration 15] [--requests 200]
 
-Starts the stack the way `make up` does (private Redis, gunicorn web tier,
-one worker per model), measures, stops it, and compares against in-process
-batched inference with the same ONNX model (the ceiling, no HTTP, no Redis).
-Prints a Markdown table and saves it under benchmarks/results/ with the machine.
+Run from the repository root. Starts the stack the way `make up` does (private
+Redis, gunicorn web tier, one worker per model), measures, stops it, and compares
+against in-process batched inference with the same ONNX model (the ceiling, no
+HTTP, no Redis). Prints a Markdown table and saves it under benchmarks/results/
+with the machine.
 """
 
 from __future__ import annotations
@@ -21,22 +22,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-from benchmarks.bench import cpu_model  # noqa: E402
-from scripts.stack import Stack  # noqa: E402
-from tests.conftest import http, jpeg_bytes  # noqa: E402
+from benchmarks import ROOT
+from benchmarks.machine import cpu_model
+from funnel.scripts.stack import Stack
+from tests.conftest import http, jpeg_bytes
 
 SENTENCE = "A man is eating a piece of bread while the girl is carrying a baby."
-WRK_LUA = """
+WRK_LUA = f"""
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"text": "%s"}'
-""" % SENTENCE
+wrk.body = '{{"text": "{SENTENCE}"}}'
+"""
 
 
 def machine() -> str:
@@ -77,14 +74,14 @@ end
 
 def in_process_ceiling(batch: int, seconds: float = 5.0) -> float:
     """Items/s of the same ONNX model called directly, batch after batch."""
-    from common.store import load_spec
-    from common.tasks import Limits, text_embedding
-    from worker.backend import load
+    from funnel.common import tasks
+    from funnel.common.store import load_spec
+    from funnel.worker.backend import load
 
     spec = load_spec(ROOT / "model_store", "text-embedding")
     model = load(spec, "onnx", "cpu")
-    item = text_embedding.preprocess(SENTENCE, spec, Limits())
-    feeds = text_embedding.collate([item] * batch, spec)
+    task = tasks.load(spec)
+    feeds = task.collate([task.preprocess(SENTENCE)] * batch)
     model.run(feeds)
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
@@ -94,7 +91,8 @@ def in_process_ceiling(batch: int, seconds: float = 5.0) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.core",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=15, help="seconds of each wrk run")
     parser.add_argument("--requests", type=int, default=200, help="sequential requests per latency figure")
     args = parser.parse_args(argv)
@@ -123,14 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                          f"{result['p50']:.1f}", f"{result['p99']:.1f}",
                          f"{result['rps'] / ceiling[32]:.2f}"))
             assert result["errors"] == 0, result
-    rows.append(("in-process ONNX, batch 1 (no HTTP, no Redis)", f"{ceiling[1]:.0f}", "", "", f"{ceiling[1] / ceiling[32]:.2f}"))
+    rows.append(("in-process ONNX, batch 1 (no HTTP, no Redis)", f"{ceiling[1]:.0f}", "", "",
+                 f"{ceiling[1] / ceiling[32]:.2f}"))
     rows.append(("in-process ONNX, batch 32 (the ceiling)", f"{ceiling[32]:.0f}", "", "", "1.00"))
 
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     table = ["| case | req/s (items/s) | p50 ms | p99 ms | vs ceiling |", "|---|---|---|---|---|"]
     table += ["| " + " | ".join(row) + " |" for row in rows]
     report = (f"# Core numbers, {stamp}\n\nMachine: {machine()}\n\n"
-              f"Command: `python benchmarks/core.py --duration {args.duration} --requests {args.requests}` "
+              f"Command: `python -m benchmarks.core --duration {args.duration} --requests {args.requests}` "
               f"(wrk -t1 -c32, one {len(SENTENCE.split())}-word sentence per POST; default web settings, "
               f"ONNX backend, adaptive linger of at most 5 ms)\n\n" + "\n".join(table) + "\n")
     print(report)

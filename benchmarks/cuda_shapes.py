@@ -1,25 +1,24 @@
 """TorchScript on cuda:0 fed batch sizes (and text lengths) that vary like a live queue's.
 
-    python benchmarks/cuda_shapes.py STORE:MODEL [STORE:MODEL ...]
+    python -m benchmarks.cuda_shapes STORE:MODEL [STORE:MODEL ...]
 
-Runs 300 batches of 1..32 items with TorchScript's optimizing executor on and
-off (worker/backend.py turns it off on CUDA), printing the time of the first 50
-batches and the steady rate of the last 250. Each model is loaded bare,
+Run from the repository root, it runs 300 batches of 1..32 items with
+TorchScript's optimizing executor on and off (worker/backend.py turns it off on
+CUDA), printing the time of the first 50 batches and the steady rate of the
+last 250. Each model is loaded bare,
 without the power-of-two padding that worker.backend.load adds on CUDA.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.store import load_spec
-from worker import backend as backends
+from funnel.common.store import load_spec
+from funnel.worker import backend as backends
 
 
 def feeds(spec, n: int, rng: random.Random) -> dict[str, np.ndarray]:
@@ -51,4 +50,10 @@ def main(targets: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.cuda_shapes", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("targets", nargs="+", metavar="STORE:MODEL",
+                        help="a model store and a model in it")
+    main(parser.parse_args().targets)

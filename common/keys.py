@@ -39,9 +39,17 @@ class Keys:
         """A dead worker's jobs while a peer puts them back on their queue."""
         return f"{self.prefix}:recovering:{check_name(worker_id)}"
 
+    def recovering_lock(self, worker_id: str) -> str:
+        """Held by the one peer recovering a dead worker, with a TTL in case it dies too."""
+        return self.recovering(worker_id) + ":lock"
+
     def worker(self, worker_id: str) -> str:
         """Hash describing a live worker, kept alive by its heartbeat TTL."""
-        return f"{self.prefix}:worker:{check_name(worker_id)}"
+        return self.worker_prefix() + check_name(worker_id)
+
+    def worker_prefix(self) -> str:
+        """What every worker hash's name starts with (Lua scripts append an id)."""
+        return f"{self.prefix}:worker:"
 
     def workers(self) -> str:
         """Hash of registered worker id -> model, live or dead until recovered."""
@@ -50,3 +58,13 @@ class Keys:
     def dead(self, model: str) -> str:
         """Jobs that could not be decoded or answered."""
         return f"{self.prefix}:dead:{check_name(model)}"
+
+    def device_claims(self) -> str:
+        """Sorted set of recent FUNNEL_DEVICE=auto choices, "<device> <worker id>" scored by expiry (ms)."""
+        return f"{self.prefix}:device-claims"
+
+    def pattern(self, kind: str) -> str:
+        """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ..."""
+        if kind not in ("queue", "reply", "inflight", "recovering", "worker", "dead"):
+            raise ValueError(f"no keys of kind {kind!r}")
+        return f"{self.prefix}:{kind}:*"

@@ -11,9 +11,13 @@ import argparse
 import dataclasses
 import os
 import typing
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 ENV_PREFIX = "FUNNEL_"
 
 
@@ -23,6 +27,20 @@ def setting(default: Any, help: str, **extra: Any) -> Any:
         return dataclasses.field(default_factory=lambda: type(default)(default),
                                  metadata={"help": help, **extra})
     return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+@dataclasses.dataclass
+class SharedSettings:
+    """What every Funnel process needs to know: its Redis, its keys, its models, its log level.
+
+    WebSettings and WorkerSettings extend this; a field both tiers read is declared here, once.
+    """
+
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis://, or rediss:// for TLS; "
+                             "a password may be given as redis://:PASSWORD@host)")
+    prefix: str = setting("funnel", "prefix of every Redis key")
+    model_store: str = setting("model_store", "model store directory (one folder per model)")
+    log_level: str = setting("info", "logging level (debug, info, warning, error)")
 
 
 def env_name(field: str) -> str:
@@ -62,7 +80,7 @@ def load(cls: type[T], argv: list[str] | None = None,
         parse = _parser_for(hints[field.name])
         env = env_name(field.name)
         default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory())  # type: ignore[misc]
+                   else field.default_factory())  # type: ignore[operator]  # MISSING checked above
         if env in environ:
             try:
                 default = parse(environ[env])

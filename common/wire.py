@@ -166,7 +166,7 @@ class Reply:
     infer_ms: float = 0.0
 
     @classmethod
-    def failure(cls, job_id: str, code: str, message: str, **meta: Any) -> "Reply":
+    def failure(cls, job_id: str, code: str, message: str, **meta: Any) -> Reply:
         return cls(id=job_id, ok=False, error={"code": code, "message": message}, **meta)
 
 
@@ -180,7 +180,8 @@ def encode_reply(reply: Reply) -> bytes:
         obj["outputs"] = {name: pack_tensor(v) if isinstance(v, np.ndarray) else v
                           for name, v in (reply.outputs or {}).items()}
     else:
-        obj["error"] = {"code": str(reply.error["code"]), "message": str(reply.error["message"])}
+        error = reply.error or {}
+        obj["error"] = {"code": str(error.get("code", "")), "message": str(error.get("message", ""))}
     return _pack(obj)
 
 

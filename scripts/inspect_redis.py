@@ -1,8 +1,8 @@
-"""Look inside a running Funnel: queues, in-flight jobs, dead letters, workers, one job decoded.
+"""`funnel inspect`: look inside a running Funnel: queues, in-flight jobs, dead letters, workers, a job.
 
-    python -m scripts.inspect_redis [--redis-url URL] [--prefix funnel]            # summary
-    python -m scripts.inspect_redis show funnel:queue:text-embedding [INDEX]       # a job as JSON
-    python -m scripts.inspect_redis show funnel:dead:image-classifier 0
+    funnel inspect [--redis-url URL] [--prefix funnel]            # summary
+    funnel inspect show funnel:queue:text-embedding [INDEX]       # a job as JSON
+    funnel inspect show funnel:dead:image-classifier 0
 
 Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
 left and taken from the right.
@@ -15,14 +15,12 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import redis
 
-import redis  # noqa: E402
-
-from common.keys import Keys  # noqa: E402
-from common.wire import WireError, decode_job  # noqa: E402
+from funnel.common import registry
+from funnel.common.keys import Keys
+from funnel.common.wire import WireError, decode_job
 
 
 def job_json(raw: bytes) -> dict:
@@ -46,33 +44,34 @@ def keys_of(client: redis.Redis, pattern: str) -> list[str]:
 
 def summary(client: redis.Redis, keys: Keys) -> str:
     lines = [f"{'queue':<44}{'jobs':>6}  oldest"]
-    for key in keys_of(client, f"{keys.prefix}:queue:*"):
+    for key in keys_of(client, keys.pattern("queue")):
         oldest = client.lindex(key, -1)
         age = f"{job_json(oldest).get('age_s', '?')} s" if oldest else "-"
         lines.append(f"{key:<44}{client.llen(key):>6}  {age}")
     lines += ["", f"{'in flight':<44}{'jobs':>6}  worker"]
-    for key in keys_of(client, f"{keys.prefix}:inflight:*"):
+    for key in keys_of(client, keys.pattern("inflight")):
         worker_id = key.rsplit(":", 1)[1]
-        state = "alive" if client.exists(keys.worker(worker_id)) else "DEAD (awaiting recovery)"
+        state = "alive" if registry.alive(client, keys, [worker_id])[0] else "DEAD (awaiting recovery)"
         lines.append(f"{key:<44}{client.llen(key):>6}  {state}")
     lines += ["", f"{'dead letters':<44}{'jobs':>6}"]
-    for key in keys_of(client, f"{keys.prefix}:dead:*"):
+    for key in keys_of(client, keys.pattern("dead")):
         lines.append(f"{key:<44}{client.llen(key):>6}")
     lines += ["", "workers (live)"]
-    for worker_id in sorted(k.decode() for k in client.hkeys(keys.workers())):
-        info = {k.decode(): v.decode() for k, v in client.hgetall(keys.worker(worker_id)).items()}
-        if not info:
+    live = {w["id"]: w for w in registry.live_workers(client, keys)}
+    for worker_id in sorted(registry.registered(client, keys)):
+        info = live.get(worker_id)
+        if info is None:
             lines.append(f"  {worker_id}: heartbeat expired")
             continue
         seen = time.time() - float(info.get("seen", 0))
+        totals = " ".join(f"{name} {registry.counter(info, name):g}" for name in ("batches", "items", "errors"))
         lines.append(f"  {worker_id}: {info.get('model')} {info.get('backend')} {info.get('device')} "
-                     f"batch {info.get('batch_size')} | batches {info.get('batches')} items {info.get('items')} "
-                     f"errors {info.get('errors')} | seen {seen:.1f} s ago")
+                     f"batch {info.get('batch_size')} | {totals} | seen {seen:.1f} s ago")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="funnel inspect", description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=os.environ.get("FUNNEL_REDIS_URL", "redis://127.0.0.1:6390/0"))
     parser.add_argument("--prefix", default=os.environ.get("FUNNEL_PREFIX", "funnel"))
     parser.add_argument("command", nargs="?", default="summary", choices=["summary", "show"])

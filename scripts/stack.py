@@ -1,9 +1,9 @@
-"""Start the whole stack as plain processes: Redis, the web tier, one worker per model.
+"""`funnel up`: the whole stack as plain processes: Redis, the web tier, one worker per model.
 
 `make up` runs this; the end-to-end tests and benchmarks use the Stack class
 to start exactly what a user starts.
 
-    python scripts/stack.py [--port 8000] [--redis-port 6390] [--backend onnx] [worker flags...]
+    funnel up [--port 8000] [--redis-port 6390] [--backend onnx] [worker flags...]
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from common.store import list_models  # noqa: E402
-from scripts.redis_local import LocalRedis, free_port  # noqa: E402
+from funnel.common.store import list_models
+from funnel.scripts.redis_local import LocalRedis, free_port
 
 
 def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dict:
@@ -37,12 +34,12 @@ class Stack:
     """Redis + web + workers, each a child process with FUNNEL_* settings."""
 
     def __init__(self, *, port: int | None = None, redis_url: str | None = None,
-                 model_store: str | Path = ROOT / "model_store", models: list[str] | None = None,
+                 model_store: str | Path = "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
                  workers: list[str] | None = None):
         self.port = port or free_port()
-        self.model_store = str(model_store)
+        self.model_store = str(Path(model_store).resolve())
         self.models = models or list_models(self.model_store)
         self.worker_models = self.models if workers is None else workers  # one worker each
         self.worker_env = worker_env or {}
@@ -69,19 +66,19 @@ class Stack:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env,
+        return subprocess.Popen([sys.executable, "-m", *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
-        worker = self._spawn(f"worker-{model}-{len(self.workers)}", ["worker"],
+        worker = self._spawn(f"worker-{model}-{len(self.workers)}", ["funnel.worker"],
                              self._env({"FUNNEL_MODEL": model, **self.worker_env, **env}))
         self.workers.append(worker)
         return worker
 
-    def start(self, timeout_s: float = 120.0) -> "Stack":
+    def start(self, timeout_s: float = 120.0) -> Stack:
         if self.redis:
             self.redis.start()
-        self.web = self._spawn("web", ["web"], self._env({
+        self.web = self._spawn("web", ["funnel.web"], self._env({
             "FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.port),
             "FUNNEL_MODELS": ",".join(self.models), **self.web_env}))
         for model in self.worker_models:
@@ -133,7 +130,7 @@ class Stack:
         if self.redis:
             self.redis.stop()
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         try:
             return self.start()
         except BaseException:
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("FUNNEL_PORT", 8000)))
     parser.add_argument("--redis-port", type=int, default=6390,
                         help="port of the private redis-server (ignored with FUNNEL_REDIS_URL)")
-    parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", str(ROOT / "model_store")))
+    parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
     parser.add_argument("--backend", default=os.environ.get("FUNNEL_BACKEND", "onnx"))
     parser.add_argument("--log-dir", default=None, help="write each process's log here instead of the terminal")
     args = parser.parse_args(argv)

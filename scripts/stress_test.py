@@ -12,27 +12,18 @@ errors. The run is bounded: clients x requests requests, each within
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
+import statistics
 import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
 
-# `python scripts/this.py` puts scripts/ first on sys.path, where a script named like a standard
-# module (scripts/inspect.py) would shadow it: put the repository root there instead, before any import.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path[0] = ROOT
-elif ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from common.client import Client, FunnelHTTPError, read_image  # noqa: E402
+from funnel_client import Client, FunnelHTTPError, read_image
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TEXT = "A man is eating food."

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import redis
 
-from common.keys import Keys
-from scripts.redis_local import LocalRedis
+from funnel.common.keys import Keys
+from funnel.scripts.redis_local import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "model_store"
@@ -21,7 +21,7 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
 @pytest.fixture(scope="session")
 def model_store() -> Path:
     """The store `make test` prepared (prepared here if the suite runs on its own)."""
-    from scripts.prepare_model import BUILDERS, is_current, prepare
+    from funnel.scripts.prepare_model import BUILDERS, is_current, prepare
 
     for name in BUILDERS:
         if not is_current(STORE / name):
@@ -33,7 +33,7 @@ def model_store() -> Path:
 def fp16_store(model_store, tmp_path_factory) -> Path:
     """A store with both fp16 variants (prepare_model.py --half), built once beside links to
     the fp32 folders."""
-    from scripts.prepare_model import BUILDERS, prepare_half
+    from funnel.scripts.prepare_model import BUILDERS, prepare_half
 
     store = tmp_path_factory.mktemp("fp16-store")
     for name in BUILDERS:
@@ -44,16 +44,17 @@ def fp16_store(model_store, tmp_path_factory) -> Path:
 
 def text_feeds(spec, texts=SENTENCES) -> dict[str, np.ndarray]:
     """The worker's batch for these texts, as the web would send them."""
-    from common.tasks import Limits, text_embedding
+    from funnel.common import tasks
 
-    return text_embedding.collate([text_embedding.preprocess(t, spec, Limits()) for t in texts], spec)
+    task = tasks.load(spec)
+    return task.collate([task.preprocess(t) for t in texts])
 
 
 def image_feeds(spec, images: list[bytes]) -> dict[str, np.ndarray]:
-    from common.tasks import Limits, image_classification
+    from funnel.common import tasks
 
-    return image_classification.collate(
-        [image_classification.preprocess(b, spec, Limits()) for b in images], spec)
+    task = tasks.load(spec)
+    return task.collate([task.preprocess(b) for b in images])
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 import sys
 
-from web.server import main
+from funnel.web.server import main
 
 sys.exit(main())

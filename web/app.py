@@ -6,43 +6,69 @@ transformers, no onnxruntime in the web tier.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import time
 from pathlib import Path
 
 import redis
-from flask import Flask, Response, g, jsonify, render_template, request
+from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from werkzeug.exceptions import HTTPException
 
-from common import tasks
-from common.connection import connect
-from common.errors import REPLY_STATUS, FunnelError, NotFound, Unavailable
-from common.keys import Keys
-from common.store import ModelSpec, list_models, load_spec
-from common.wire import Reply
-from web import metrics as web_metrics
-from web import openapi
-from web.gateway import Gateway
-from web.inbox import Inbox
-from web.jsonio import OrjsonProvider
-from web.registry import describe, live_workers, queue_lengths
-from web.settings import WebSettings
+from funnel.common import tasks
+from funnel.common.connection import connect
+from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound
+from funnel.common.keys import Keys
+from funnel.common.registry import live_workers, queue_lengths
+from funnel.common.store import list_models, load_spec
+from funnel.common.tasks import Task
+from funnel.common.wire import Reply
+from funnel.web import auth, errors, openapi
+from funnel.web import metrics as web_metrics
+from funnel.web.gateway import Gateway
+from funnel.web.inbox import Inbox
+from funnel.web.inputs import read_items
+from funnel.web.jsonio import OrjsonProvider
+from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
-access_log = logging.getLogger("funnel.web.access")
 
 
-def load_models(settings: WebSettings) -> dict[str, ModelSpec]:
+def load_models(settings: WebSettings) -> dict[str, Task]:
+    """Each served model's task, with the limits FUNNEL_LIMITS overrides."""
     names = settings.models or list_models(settings.model_store)
     if not names:
-        raise SystemExit(f"no models in {settings.model_store}: run python scripts/prepare_model.py")
-    return {name: load_spec(settings.model_store, name) for name in names}
+        raise SystemExit(f"no models in {settings.model_store}: run funnel prepare --store {settings.model_store}")
+    limits = parse_limits(settings.limits)
+    models = {name: tasks.load(load_spec(settings.model_store, name), limits) for name in names}
+    unused = set(limits) - {name for task in models.values() for name in task.limits}
+    if unused:
+        raise SystemExit(f"FUNNEL_LIMITS names {', '.join(sorted(unused))}, which no served model has")
+    return models
+
+
+def parse_limits(pairs: list[str]) -> dict[str, int]:
+    try:
+        return {name.strip(): int(value) for name, _, value in (p.partition("=") for p in pairs)}
+    except ValueError:
+        raise SystemExit(f"FUNNEL_LIMITS takes name=integer pairs, not {pairs!r}") from None
+
+
+def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
+    """One model as GET /v1/models shows it: spec, task fields, limits, queue and live workers."""
+    return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
+            "queue": queue_length, "workers": [w for w in workers if w.get("model") == task.spec.name]}
+
+
+def served(models: dict[str, Task], name: str) -> Task:
+    """The task of a served model; 404 for any other name (before it can become part of a key)."""
+    task = models.get(name)
+    if task is None:
+        raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
+    return task
 
 
 def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
-    code, message = reply.error["code"], reply.error["message"]
+    error = reply.error or {}
+    code, message = error.get("code", "inference_failed"), error.get("message", "")
     if count > 1:
         message = f"item {index}: {message}"
     return FunnelError(message, code=code, status=REPLY_STATUS.get(code, 500))
@@ -60,50 +86,41 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
     app.json = OrjsonProvider(app)
     app.register_blueprint(openapi.blueprint)
-
-    @app.errorhandler(FunnelError)
-    def funnel_error(exc: FunnelError):
-        response = jsonify(exc.to_json())
-        response.status_code = exc.status
-        if exc.status == 503:
-            response.headers["Retry-After"] = "1"
-        return response
-
-    @app.errorhandler(redis.RedisError)
-    def redis_error(exc: redis.RedisError):
-        return funnel_error(Unavailable(f"queue unavailable: {type(exc).__name__}"))
-
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException):
-        if exc.code == 413:
-            drain_body(request)
-        code = (exc.name or "error").lower().replace(" ", "_")
-        response = jsonify({"error": {"code": code, "message": exc.description}})
-        response.status_code = exc.code or 500
-        return response
-
-    @app.before_request
-    def check_api_key():
-        if not settings.api_keys or request.endpoint in ("healthz", "readyz", "index", "static",
-                                                         "openapi.document"):
-            return None
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        given = token.strip().encode()
-        # Compare against every key, always: the timing says nothing about which matched.
-        matched = False
-        for key in settings.api_keys:
-            matched |= hmac.compare_digest(given, key.encode())
-        if scheme.lower() != "bearer" or not matched:
-            response = jsonify({"error": {"code": "unauthorized",
-                                          "message": "send a valid API key as 'Authorization: Bearer <key>'"}})
-            response.status_code = 401
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
-        return None
+    errors.install(app)
+    auth.install(app, settings.api_keys)
+    web_metrics.install(app, set(models), settings.access_log)
 
     @app.get("/")
     def index():
-        return render_template("index.html", models=models.values())
+        return render_template("index.html", models=[
+            {**task.spec.public(), "input_kind": task.input_kind} for task in models.values()])
+
+    install_operations(app, client, keys, models)
+
+    @app.post("/v1/models/<name>/predict")
+    def predict(name: str):
+        task = served(models, name)
+        items, single = read_items(task.input_kind, request, settings.max_items)
+        inputs = [task.preprocess(item) for item in items]
+        replies = gateway.submit(name, inputs, settings.request_timeout_s)
+        for reply in replies:
+            web_metrics.QUEUE_WAIT.labels(name).observe(reply.queue_ms / 1000)
+            web_metrics.RODE_IN.labels(name).observe(reply.batch_size)
+        for i, reply in enumerate(replies):
+            if not reply.ok:
+                raise reply_error(reply, i, len(replies))
+        results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by OrjsonProvider
+        meta = [{"worker": r.worker, "batch_size": r.batch_size,
+                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
+        if single:
+            return jsonify({"model": name, **results[0], "meta": meta[0]})
+        return jsonify({"model": name, "results": results, "meta": meta})
+
+    return app
+
+
+def install_operations(app: Flask, client: redis.Redis, keys: Keys, models: dict[str, Task]) -> None:
+    """What probes, dashboards and operators read: health, readiness, the models, metrics."""
 
     @app.get("/healthz")
     def healthz():
@@ -127,74 +144,14 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     def list_served():
         workers = live_workers(client, keys)
         lengths = queue_lengths(client, keys, list(models))
-        return jsonify({"models": [describe(spec, workers, lengths[name]) for name, spec in models.items()]})
+        return jsonify({"models": [describe(task, workers, lengths[name]) for name, task in models.items()]})
 
     @app.get("/v1/models/<name>")
     def describe_model(name: str):
-        spec = served_model(name)
-        return jsonify(describe(spec, live_workers(client, keys), queue_lengths(client, keys, [name])[name]))
+        task = served(models, name)
+        return jsonify(describe(task, live_workers(client, keys), queue_lengths(client, keys, [name])[name]))
 
     @app.get("/metrics")
     def metrics():
-        return Response(web_metrics.render(client, keys, list(models)), mimetype=CONTENT_TYPE_LATEST)
-
-    def served_model(name: str) -> ModelSpec:
-        spec = models.get(name)
-        if spec is None:
-            raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
-        return spec
-
-    @app.before_request
-    def start_clock():
-        g.started = time.perf_counter()
-
-    @app.after_request
-    def count_request(response):
-        if request.endpoint == "predict":
-            model = request.view_args["name"] if request.view_args["name"] in models else "unknown"
-            # A request refused by an earlier hook (no API key) never started the clock.
-            seconds = time.perf_counter() - g.get("started", time.perf_counter())
-            web_metrics.REQUESTS.labels(model, str(response.status_code)).inc()
-            web_metrics.LATENCY.labels(model).observe(seconds)
-            if settings.access_log:
-                access_log.info("request model=%s status=%d ms=%.1f bytes=%s", model,
-                                response.status_code, seconds * 1000, request.content_length)
-        return response
-
-    @app.post("/v1/models/<name>/predict")
-    def predict(name: str):
-        spec = served_model(name)
-        task = tasks.get(spec.task)
-        items, single = task.parse(request, settings.limits)
-        inputs = [task.preprocess(item, spec, settings.limits) for item in items]
-        replies = gateway.submit(name, inputs, settings.request_timeout_s)
-        for reply in replies:
-            web_metrics.QUEUE_WAIT.labels(name).observe(reply.queue_ms / 1000)
-            web_metrics.RODE_IN.labels(name).observe(reply.batch_size)
-        for i, reply in enumerate(replies):
-            if not reply.ok:
-                raise reply_error(reply, i, len(replies))
-        results = [reply.outputs for reply in replies]  # numpy arrays are written by OrjsonProvider
-        meta = [{"worker": r.worker, "batch_size": r.batch_size,
-                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
-        if single:
-            return jsonify({"model": name, **results[0], "meta": meta[0]})
-        return jsonify({"model": name, "results": results, "meta": meta})
-
-    return app
-
-
-DRAIN_LIMIT = 64 * 1024 * 1024
-
-
-def drain_body(req) -> None:
-    """Read and drop an oversized body, so the client reads our 413 instead of a reset."""
-    length = req.content_length or 0
-    if length > DRAIN_LIMIT:
-        return
-    stream = req.environ.get("wsgi.input")
-    while length > 0 and stream is not None:
-        chunk = stream.read(min(length, 1 << 16))
-        if not chunk:
-            break
-        length -= len(chunk)
+        # content_type, not mimetype: Flask would add a second "charset" to Prometheus' own.
+        return Response(web_metrics.render(client, keys, list(models)), content_type=CONTENT_TYPE_LATEST)

@@ -13,10 +13,10 @@ import uuid
 import numpy as np
 import redis
 
-from common.errors import Overloaded, Timeout, Unavailable
-from common.keys import Keys
-from common.wire import Job, Reply, decode_reply, encode_job, now_ms
-from web.inbox import Inbox
+from funnel.common.errors import Overloaded, Timeout, Unavailable
+from funnel.common.keys import Keys
+from funnel.common.wire import Job, Reply, decode_reply, encode_job, now_ms
+from funnel.web.inbox import Inbox
 
 # LPUSH the jobs only if the queue is shorter than ARGV[1] (0: no limit), in
 # one step, so concurrent requests cannot overfill it. Returns -1 when full.
@@ -36,21 +36,22 @@ class Gateway:
         """Queue one job per input and return their replies, in input order."""
         deadline = now_ms() + int(timeout_s * 1000)
         ids = [uuid.uuid4().hex for _ in inputs]
-        waiter = self.inbox.expect(ids) if self.inbox else None
-        reply_to = [self.inbox.key] * len(ids) if self.inbox else [self.keys.reply(i) for i in ids]
+        inbox = self.inbox
+        waiter = inbox.expect(ids) if inbox else None
+        reply_to = [inbox.key] * len(ids) if inbox else [self.keys.reply(i) for i in ids]
         jobs = [Job(id=job_id, model=model, inputs=item, reply_to=to, deadline=deadline)
                 for job_id, item, to in zip(ids, inputs, reply_to)]
         try:
             if self._push(keys=[self.keys.queue(model)], args=[self.max_queue, *map(encode_job, jobs)]) < 0:
                 raise Overloaded(f"the {model} queue is full; retry shortly")
-            if waiter is not None:
-                return self.inbox.collect(waiter, ids, deadline)
+            if inbox and waiter is not None:
+                return inbox.collect(waiter, ids, deadline)
             return self._await(jobs, deadline)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         finally:
-            if waiter is not None:
-                self.inbox.forget(ids)
+            if inbox:
+                inbox.forget(ids)
 
     def _await(self, jobs: list[Job], deadline: int) -> list[Reply]:
         pending = {job.reply_to: i for i, job in enumerate(jobs)}
@@ -64,5 +65,5 @@ class Gateway:
             if got is None:
                 raise Timeout("no reply before the deadline")
             key, data = got
-            replies[pending.pop(key.decode())] = decode_reply(data)
+            replies[pending.pop(key.decode() if isinstance(key, bytes) else key)] = decode_reply(data)
         return replies  # type: ignore[return-value]

@@ -18,9 +18,9 @@ from queue import Empty, SimpleQueue
 
 import redis
 
-from common.errors import Timeout, Unavailable
-from common.keys import Keys
-from common.wire import Reply, WireError, decode_reply, now_ms
+from funnel.common.errors import Timeout, Unavailable
+from funnel.common.keys import Keys
+from funnel.common.wire import Reply, WireError, decode_reply, now_ms
 
 log = logging.getLogger(__name__)
 

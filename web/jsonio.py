@@ -23,5 +23,5 @@ class OrjsonProvider(DefaultJSONProvider):
 
     def response(self, *args, **kwargs):
         obj = self._prepare_response_obj(args, kwargs)
-        return self._app.response_class(
-            orjson.dumps(obj, default=self.default, option=OPTIONS), mimetype=self.mimetype)
+        body = orjson.dumps(obj, default=self.default, option=OPTIONS)
+        return self._app.response_class(body, mimetype=self.mimetype)  # type: ignore[arg-type]  # stub: str only

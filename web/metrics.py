@@ -9,17 +9,19 @@ however they were started.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import redis
+from flask import Flask, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from common.keys import Keys
-from web.registry import live_workers, queue_lengths
+from funnel.common import registry
+from funnel.common.keys import Keys
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 REQUESTS = Counter("funnel_requests", "HTTP predict requests by model and status", ["model", "status"])
 LATENCY = Histogram("funnel_request_seconds", "predict latency, end to end in the web tier",
@@ -29,7 +31,32 @@ QUEUE_WAIT = Histogram("funnel_queue_wait_seconds", "time a job waited before it
 UNCLAIMED = Counter("funnel_replies_unclaimed", "replies that reached this tier's inbox with nobody "
                     "waiting: their request had given up (deadline), or the job was answered twice")
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
-                    ["model"], buckets=BATCH_BUCKETS)
+                    ["model"], buckets=registry.BATCH_BUCKETS)
+
+
+access_log = logging.getLogger("funnel.web.access")
+
+
+def install(app: Flask, models: set[str], log_requests: bool) -> None:
+    """Count and time every predict request (and log it, with FUNNEL_ACCESS_LOG)."""
+
+    @app.before_request
+    def start_clock():
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def count_request(response):
+        if request.endpoint == "predict":
+            name = (request.view_args or {}).get("name")
+            model = name if name in models else "unknown"
+            # A request refused by an earlier hook (no API key) never started the clock.
+            seconds = time.perf_counter() - g.get("started", time.perf_counter())
+            REQUESTS.labels(model, str(response.status_code)).inc()
+            LATENCY.labels(model).observe(seconds)
+            if log_requests:
+                access_log.info("request model=%s status=%d ms=%.1f bytes=%s", model,
+                                response.status_code, seconds * 1000, request.content_length)
+        return response
 
 
 class RedisCollector:
@@ -40,8 +67,8 @@ class RedisCollector:
 
     def collect(self):
         try:
-            workers = live_workers(self.client, self.keys)
-            lengths = queue_lengths(self.client, self.keys, self.models)
+            workers = registry.live_workers(self.client, self.keys)
+            lengths = registry.queue_lengths(self.client, self.keys, self.models)
         except redis.RedisError:
             return
         queue = GaugeMetricFamily("funnel_queue_length", "jobs waiting in each model's queue",
@@ -52,38 +79,30 @@ class RedisCollector:
             live.add_metric([model], sum(w.get("model") == model for w in workers))
         yield queue
         yield live
-        totals = {
-            "batches": "batches run", "items": "jobs answered", "errors": "items answered with an error",
-            "expired": "jobs dropped past their deadline", "dead": "undecodable jobs dead-lettered",
-            "recovered": "jobs of dead workers requeued", "infer_seconds": "time spent in the model",
-            "wait_seconds": "time spent waiting for batches to fill"}
         families = {name: CounterMetricFamily(f"funnel_worker_{name}", help_text,
                                               labels=["model", "worker", "device"])
-                    for name, help_text in totals.items()}
+                    for name, help_text in registry.COUNTERS.items()}
         sizes = HistogramMetricFamily("funnel_worker_batch_size", "batch sizes run by each worker",
                                       labels=["model", "worker", "device"])
         for w in workers:
             labels = [w.get("model", ""), w["id"], w.get("device", "")]
             for name, family in families.items():
-                family.add_metric(labels, float(w.get(name, 0)))
-            cumulative, buckets = 0, []
-            for bound in BATCH_BUCKETS:
-                cumulative += int(w.get(f"batch_le_{bound}", 0))
-                buckets.append((str(bound), cumulative))
-            buckets.append(("+Inf", cumulative))
-            sizes.add_metric(labels, buckets, float(w.get("items", 0)))  # sum of sizes = items
+                family.add_metric(labels, registry.counter(w, name))
+            buckets = [(str(bound), count) for bound, count in registry.batch_histogram(w)]
+            buckets.append(("+Inf", buckets[-1][1]))
+            sizes.add_metric(labels, buckets, registry.counter(w, "items"))  # sum of sizes = items
         yield from families.values()
         yield sizes
 
 
 def render(client: redis.Redis, keys: Keys, models: list[str]) -> bytes:
-    registry = CollectorRegistry()
+    collectors = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(collectors)
     else:  # one process (no gunicorn): its own counters are the whole story
         for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN):
-            registry.register(metric)
-    registry.register(RedisCollector(client, keys, models))
-    return generate_latest(registry)
+            collectors.register(metric)
+    collectors.register(RedisCollector(client, keys, models))
+    return generate_latest(collectors)

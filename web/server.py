@@ -9,7 +9,7 @@ import tempfile
 
 from gunicorn.app.base import BaseApplication
 
-from web.settings import WebSettings
+from funnel.web.settings import WebSettings
 
 
 def metrics_dir() -> str:
@@ -54,7 +54,7 @@ class WebServer(BaseApplication):
 
     def load(self):
         # Runs in each gunicorn worker after the fork: its own Redis pool.
-        from web.app import create_app
+        from funnel.web.app import create_app
 
         return create_app(self.settings)
 

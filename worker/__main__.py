@@ -1,5 +1,5 @@
 import sys
 
-from worker.main import main
+from funnel.worker.main import main
 
 sys.exit(main())

@@ -37,4 +37,4 @@ def preload_tcmalloc(argv: list[str]) -> None:
         log.info("tcmalloc not installed (Debian: libtcmalloc-minimal4); torch uses glibc malloc")
         return
     env = {**os.environ, "LD_PRELOAD": " ".join(filter(None, [library, os.environ.get("LD_PRELOAD")]))}
-    os.execve(sys.executable, [sys.executable, "-m", "worker", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "funnel.worker", *argv], env)

@@ -10,10 +10,27 @@ on the CPU, slowly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
+from funnel.common.store import ModelSpec
+
 log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """What the worker runs a batch with: named numpy feeds in, named numpy outputs out.
+
+    Every output has one row per item of the batch (batch.split checks).
+    """
+
+    input_names: list[str]
+    output_names: list[str]
+    description: str  # for logs: library, version, device
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
 def _cuda_index(device: str) -> int | None:
@@ -24,7 +41,7 @@ def _cuda_index(device: str) -> int | None:
     raise ValueError(f"unknown device {device!r}: use cpu or cuda:N")
 
 
-def _warn_if_half_on_cpu(spec, gpu: int | None, backend: str) -> None:
+def _warn_if_half_on_cpu(spec: ModelSpec, gpu: int | None, backend: str) -> None:
     if gpu is None and spec.config.get("precision") == "fp16":
         log.warning("%s is an fp16 model, meant for CUDA: %s runs it on the CPU, but slowly "
                     "(serve %s on cuda:N, or its fp32 model on the CPU)", spec.name, backend, spec.name)
@@ -34,7 +51,7 @@ class OnnxBackend:
     """ONNX Runtime; with io_binding (default: on CUDA only) feeds and results go
     through an I/O binding, and ONNX Runtime allocates the outputs on the device."""
 
-    def __init__(self, spec, device: str, threads: int, spinning: bool = True,
+    def __init__(self, spec: ModelSpec, device: str, threads: int, spinning: bool = True,
                  io_binding: bool | None = None):
         import onnxruntime as ort
 
@@ -62,13 +79,13 @@ class OnnxBackend:
         self.description = (f"onnxruntime {ort.__version__} {self.session.get_providers()[0]}"
                              + (" io-binding" if self.io_binding else ""))
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.io_binding:
             return self._run_bound(feeds)
         outputs = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
         return dict(zip(self.output_names, outputs))
 
-    def _run_bound(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_bound(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         binding = self.session.io_binding()
         for name in self.input_names:  # the binding keeps each array alive until it is gone
             binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
@@ -79,7 +96,7 @@ class OnnxBackend:
 
 
 class TorchBackend:
-    def __init__(self, spec, device: str, threads: int, spinning: bool = True):
+    def __init__(self, spec: ModelSpec, device: str, threads: int, spinning: bool = True):
         import torch
 
         if threads:
@@ -99,7 +116,7 @@ class TorchBackend:
         self.output_names = list(spec.config["outputs"])
         self.description = f"torch {torch.__version__} {self.device}"
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self.torch
         with torch.inference_mode(), torch.jit.optimized_execution(self.optimize):
             args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
@@ -120,12 +137,12 @@ class PowerOfTwoBatches:
     GPU next to nothing.
     """
 
-    def __init__(self, inner):
+    def __init__(self, inner: Backend):
         self.inner = inner
         self.input_names, self.output_names = inner.input_names, inner.output_names
         self.description = inner.description + ", batches padded to powers of two"
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(next(iter(feeds.values())))
         extra = (1 << (n - 1).bit_length()) - n
         if extra:
@@ -136,9 +153,9 @@ class PowerOfTwoBatches:
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
-def load(spec, backend: str, device: str, threads: int = 0, spinning: bool = True):
+def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning: bool = True) -> Backend:
     if device == "auto":  # the worker resolves auto first (worker/device.py); others get the first GPU
-        from worker.device import cuda_devices
+        from funnel.worker.device import cuda_devices
 
         device = (cuda_devices(backend) or ["cpu"])[0]
     model = BACKENDS[backend](spec, device, threads, spinning)

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.errors import FunnelError
-from common.keys import Keys
-from common.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
+from funnel.common.errors import FunnelError
+from funnel.common.keys import Keys
+from funnel.common.tasks import Task
+from funnel.common.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
+from funnel.worker.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -66,25 +68,24 @@ def split(outputs: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]
     return [{name: value[i] for name, value in outputs.items()} for i in range(n)]
 
 
-def _infer(jobs: list[Job], task, backend, spec) -> list[dict]:
+def _infer(jobs: list[Job], task: Task, backend: Backend) -> list[dict]:
     """Run the model once per bucket (once, unless the task splits by length); keep job order."""
     inputs = [job.inputs for job in jobs]
-    groups = task.buckets(inputs, spec) if hasattr(task, "buckets") else [list(range(len(jobs)))]
     results: list[dict | None] = [None] * len(jobs)
-    for group in groups:
-        feeds = task.collate([inputs[i] for i in group], spec)
+    for group in task.buckets(inputs):
+        feeds = task.collate([inputs[i] for i in group])
         for i, row in zip(group, split(backend.run(feeds), len(group))):
-            results[i] = task.postprocess(row, spec)
+            results[i] = task.postprocess(row)
     return results  # type: ignore[return-value]
 
 
-def run(batch: Batch, task, backend, spec, worker_id: str) -> None:
+def run(batch: Batch, task: Task, backend: Backend, worker_id: str) -> None:
     """Answer every job of the batch, appending to batch.replies."""
     started = now_ms()
     runnable = []
     for job in batch.jobs:
         try:
-            task.check(job.inputs, spec)
+            task.check(job.inputs)
             runnable.append(job)
         except FunnelError as exc:
             batch.replies.append((job.reply_to, Reply.failure(
@@ -93,21 +94,22 @@ def run(batch: Batch, task, backend, spec, worker_id: str) -> None:
         return
     clock = time.perf_counter()
     try:
-        results: list[dict | Exception] = _infer(runnable, task, backend, spec)
+        results: list[dict | Exception] = list(_infer(runnable, task, backend))
     except Exception:
         log.exception("batch of %d failed; running its items one by one", len(runnable))
         results = []
         for job in runnable:
             try:
-                results.append(_infer([job], task, backend, spec)[0])
+                results.append(_infer([job], task, backend)[0])
             except Exception as exc:  # this item alone is at fault
                 results.append(exc)
     infer_ms = batch.infer_ms = (time.perf_counter() - clock) * 1000
     for job, result in zip(runnable, results):
-        meta = {"worker": worker_id, "batch_size": len(runnable),
-                "queue_ms": max(0, started - job.enqueued), "infer_ms": infer_ms}
+        reply = Reply(id=job.id, ok=True, worker=worker_id, batch_size=len(runnable),
+                      queue_ms=max(0, started - job.enqueued), infer_ms=infer_ms)
         if isinstance(result, Exception):
-            reply = Reply.failure(job.id, "inference_failed", f"{type(result).__name__}: {result}", **meta)
+            reply.ok, reply.error = False, {"code": "inference_failed",
+                                            "message": f"{type(result).__name__}: {result}"}
         else:
-            reply = Reply(id=job.id, ok=True, outputs=result, **meta)
+            reply.outputs = result
         batch.replies.append((job.reply_to, reply))

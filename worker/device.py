@@ -26,7 +26,8 @@ import uuid
 
 import redis
 
-from common.keys import Keys
+from funnel.common import registry
+from funnel.common.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,6 @@ return result
 """
 
 
-def claims_key(keys: Keys) -> str:
-    """Sorted set of recent device choices, "<device> <worker id>" scored by expiry (ms)."""
-    return f"{keys.prefix}:device-claims"
-
-
 def check_device(device: str) -> str:
     if not DEVICE_PATTERN.match(device):
         raise ValueError(f"unknown device {device!r}: use cpu or cuda:N")
@@ -95,8 +91,7 @@ def choose(client: redis.Redis, keys: Keys, candidates: list[str], worker_id: st
         check_device(device)
     candidates = list(dict.fromkeys(candidates))  # a device listed twice is one device
     worker_id = worker_id or f"claim-{uuid.uuid4().hex[:12]}"
-    worker_prefix = keys.worker(worker_id)[: -len(worker_id)]  # funnel:worker:
-    result = client.eval(CHOOSE_LUA, 2, keys.workers(), claims_key(keys), worker_prefix, worker_id,
+    result = client.eval(CHOOSE_LUA, 2, keys.workers(), keys.device_claims(), keys.worker_prefix(), worker_id,
                          int(claim_ttl_s * 1000), *candidates)
     chosen = result[0].decode() if isinstance(result[0], bytes) else result[0]
     log.info("device %s chosen from %s", chosen,
@@ -106,15 +101,9 @@ def choose(client: redis.Redis, keys: Keys, candidates: list[str], worker_id: st
 
 def live_counts(client: redis.Redis, keys: Keys) -> dict[str, int]:
     """Live workers per device, as the registry shows them (for tools and tests)."""
-    ids = [i.decode() for i in client.hkeys(keys.workers())]
-    with client.pipeline(transaction=False) as pipe:
-        for worker_id in ids:
-            pipe.hget(keys.worker(worker_id), "device")
-        devices = pipe.execute()
     counts: dict[str, int] = {}
-    for device in devices:
-        if device is not None:  # None: the heartbeat key expired, the worker is dead
-            counts[device.decode()] = counts.get(device.decode(), 0) + 1
+    for worker in registry.live_workers(client, keys):
+        counts[worker["device"]] = counts.get(worker["device"], 0) + 1
     return counts
 
 

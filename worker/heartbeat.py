@@ -15,9 +15,10 @@ import time
 
 import redis
 
-from common.keys import Keys
-from worker.recovery import Recovery
-from worker.stats import Stats
+from funnel.common import registry
+from funnel.common.keys import Keys
+from funnel.worker.recovery import Recovery
+from funnel.worker.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,8 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
-        key = self.keys.worker(self.worker_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={**self.info, **self.stats.fields(), "seen": time.time()})
-        pipe.pexpire(key, int(self.ttl_s * 1000))
-        pipe.hset(self.keys.workers(), self.worker_id, self.info["model"])
-        pipe.execute()
+        registry.publish(self.client, self.keys, self.worker_id,
+                         {**self.info, **self.stats.fields(), "seen": time.time()}, self.ttl_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
@@ -62,8 +59,6 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=self.ttl_s)
         try:
-            self.client.delete(self.keys.worker(self.worker_id))
-            if not self.client.exists(self.keys.inflight(self.worker_id)):
-                self.client.hdel(self.keys.workers(), self.worker_id)
+            registry.withdraw(self.client, self.keys, self.worker_id)
         except redis.RedisError as exc:
             log.warning("could not deregister: %s", exc)

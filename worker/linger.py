@@ -16,6 +16,19 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import Protocol
+
+
+class Linger(Protocol):
+    """How long the worker keeps waiting for more jobs, and what it learns from each batch."""
+
+    def budget_s(self, held: int, batch_size: int) -> float:
+        """Seconds to keep waiting for more jobs, counted from the first one taken (0: run now)."""
+        ...
+
+    def observe(self, size_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
+        """A batch ran: its size and inference seconds, and its jobs' enqueue stamps (epoch ms)."""
+        ...
 
 
 class FixedLinger:
@@ -101,5 +114,5 @@ class AdaptiveLinger(FixedLinger):
         return min(self.linger_s, (batch_size - held) / rate)
 
 
-def make(mode: str, linger_ms: float, stop: threading.Event | None = None) -> FixedLinger:
+def make(mode: str, linger_ms: float, stop: threading.Event | None = None) -> Linger:
     return {"fixed": FixedLinger, "adaptive": AdaptiveLinger}[mode](linger_ms, stop)

@@ -7,23 +7,24 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 
 import redis
 
-from common import tasks
-from common.connection import connect
-from common.keys import Keys
-from common.store import load_spec
-from worker import backend as backends
-from worker import batch as batching
-from worker import device as devices
-from worker.heartbeat import Heartbeat
-from worker import linger as lingering
-from worker.allocator import preload_tcmalloc
-from worker.queue import JobQueue
-from worker.recovery import Recovery
-from worker.reply import answer
-from worker.settings import WorkerSettings
+from funnel.common import tasks
+from funnel.common.connection import connect
+from funnel.common.keys import Keys
+from funnel.common.store import load_spec
+from funnel.worker import backend as backends
+from funnel.worker import batch as batching
+from funnel.worker import device as devices
+from funnel.worker import linger as lingering
+from funnel.worker.allocator import preload_tcmalloc
+from funnel.worker.heartbeat import Heartbeat
+from funnel.worker.queue import JobQueue
+from funnel.worker.recovery import Recovery
+from funnel.worker.reply import answer
+from funnel.worker.settings import WorkerSettings
 
 log = logging.getLogger("funnel.worker")
 batch_log = logging.getLogger("funnel.worker.batch")
@@ -34,7 +35,7 @@ MAX_BACKOFF_S = 2.0
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     spec = load_spec(settings.model_store, settings.model)
-    task = tasks.get(spec.task)
+    task = tasks.load(spec)
     keys = Keys(settings.prefix)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
     device = retrying(lambda: devices.resolve(settings.device, settings.devices, settings.backend,  # auto
@@ -59,10 +60,9 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
             if not raws:
                 continue
             batch = batching.decode(raws, spec.name, keys, settings.worker_id)
-            batching.run(batch, task, model, spec, settings.worker_id)             # collate, run
-            retrying(lambda: answer(client, keys, settings.worker_id, spec.name,    # reply
-                                    batch.replies, batch.dead, settings.reply_ttl_s),
-                     stop, until_done=True)
+            batching.run(batch, task, model, settings.worker_id)                   # collate, run
+            retrying(partial(answer, client, keys, settings.worker_id, spec.name,   # reply
+                             batch.replies, batch.dead, settings.reply_ttl_s), stop, until_done=True)
             linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
             record(heartbeat.stats, batch, queue.last_wait_s, spec.name, settings.log_batches)
     finally:

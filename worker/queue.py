@@ -10,7 +10,8 @@ import time
 
 import redis
 
-from common.keys import Keys
+from funnel.common.keys import Keys
+from funnel.worker.linger import Linger
 
 # Move up to ARGV[1] jobs from the queue's old end into the in-flight list in
 # one round trip (RPOP with a count needs Redis 6.2).
@@ -36,14 +37,14 @@ class JobQueue:
         self._maybe_leftovers = True
         self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
 
-    def take(self, batch_size: int, linger, block_s: float) -> list[bytes]:
+    def take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
         """Block up to block_s for the oldest job, then fill the batch.
 
         Takes whatever is already queued at once, and waits for more only
         within the linger budget.
         """
         if self._maybe_leftovers:
-            leftovers = self.client.lrange(self.inflight, 0, -1)
+            leftovers: list[bytes] = self.client.lrange(self.inflight, 0, -1)  # type: ignore[assignment]
             self._maybe_leftovers = False
             if leftovers:
                 return leftovers[::-1]  # LPUSHed, so oldest last
@@ -52,11 +53,12 @@ class JobQueue:
         self._maybe_leftovers = False
         return jobs
 
-    def _take(self, batch_size: int, linger, block_s: float) -> list[bytes]:
-        first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")
+    def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
+        # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
+        first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
         if first is None:
             return []
-        jobs = [first]
+        jobs: list[bytes] = [first]  # type: ignore[list-item]  # bytes: the client does not decode
         started = time.monotonic()
         while len(jobs) < batch_size:
             jobs += self._take_more(keys=[self.queue, self.inflight], args=[batch_size - len(jobs)])

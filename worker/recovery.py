@@ -12,8 +12,9 @@ import logging
 
 import redis
 
-from common.keys import Keys
-from common.wire import Reply, WireError, decode_job, encode_job, encode_reply
+from funnel.common import registry
+from funnel.common.keys import Keys
+from funnel.common.wire import Reply, WireError, decode_job, encode_job, encode_reply
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +41,21 @@ class Recovery:
 
     def sweep(self) -> int:
         """Recover every registered worker whose heartbeat has expired; jobs requeued."""
-        registered = [(w.decode(), m.decode()) for w, m in self.client.hgetall(self.keys.workers()).items()]
+        listed = registry.registered(self.client, self.keys)
         # One round trip to find the silent ones; only those get the claim script.
-        pipe = self.client.pipeline(transaction=False)
-        for worker_id, _ in registered:
-            pipe.exists(self.keys.worker(worker_id))
-        alive = pipe.execute()
+        live = registry.alive(self.client, self.keys, list(listed))
         return sum(self.recover(worker_id, model)
-                   for (worker_id, model), live in zip(registered, alive) if not live)
+                   for (worker_id, model), is_live in zip(listed.items(), live) if not is_live)
 
     def recover(self, worker_id: str, model: str) -> int:
         k = self.keys
-        lock = k.recovering(worker_id) + ":lock"
+        lock = k.recovering_lock(worker_id)
         claimed = self._claim(keys=[k.worker(worker_id), k.inflight(worker_id),
                                     k.recovering(worker_id), lock],
                               args=[self.claimer_id, LOCK_MS])
         if not claimed:
             return 0
-        raws = self.client.lrange(k.recovering(worker_id), 0, -1)[::-1]  # oldest first
+        raws: list[bytes] = self.client.lrange(k.recovering(worker_id), 0, -1)[::-1]  # type: ignore[assignment]
         requeue: dict[str, list[bytes]] = {}
         pipe = self.client.pipeline(transaction=True)
         for raw in raws:

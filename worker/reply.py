@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from common.keys import Keys
-from common.wire import Reply, encode_reply
+from funnel.common.keys import Keys
+from funnel.common.wire import Reply, encode_reply
 
 
 def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,

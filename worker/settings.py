@@ -7,8 +7,8 @@ import socket
 import uuid
 from dataclasses import dataclass
 
-from common import settings
-from common.settings import setting
+from funnel.common import settings
+from funnel.common.settings import SharedSettings, setting
 
 
 def default_worker_id() -> str:
@@ -17,13 +17,10 @@ def default_worker_id() -> str:
 
 
 @dataclass
-class WorkerSettings:
+class WorkerSettings(SharedSettings):
     """A Funnel worker daemon: takes batches of jobs for one model from Redis."""
 
     model: str = setting("", "model to serve, a folder of the model store")
-    model_store: str = setting("model_store", "model store directory")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
-    prefix: str = setting("funnel", "prefix of every Redis key")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
     device: str = setting("cpu", "cpu, cuda:N, or auto: the device with the fewest live workers")
     devices: list[str] = setting([], "candidates for --device auto, comma-separated "
@@ -40,13 +37,12 @@ class WorkerSettings:
     spinning: bool = setting(True, "let ONNX Runtime's idle threads spin-wait (faster alone, "
                              "worse on cores shared with the web tier)")
     tcmalloc: bool = setting(True, "preload tcmalloc for the torch backend on CPU, when installed")
-    log_level: str = setting("INFO", "logging level")
     log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
 
     @classmethod
-    def load(cls, argv: list[str] | None = None) -> "WorkerSettings":
-        loaded = settings.load(cls, argv, prog="python -m worker")
+    def load(cls, argv: list[str] | None = None) -> WorkerSettings:
+        loaded = settings.load(cls, argv, prog="funnel-worker")
         if not loaded.model:
-            raise SystemExit("python -m worker: --model (or FUNNEL_MODEL) is required")
+            raise SystemExit("funnel-worker: --model (or FUNNEL_MODEL) is required")
         loaded.worker_id = loaded.worker_id or default_worker_id()
         return loaded

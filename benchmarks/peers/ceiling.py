@@ -20,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.peers.common import TEXT_MODEL, env_config, load_model  # noqa: E402
+from benchmarks.peers.common import TEXT_MODEL, env_config, load_model
 
 
 def rate(step, items: int, seconds: float) -> float:

@@ -4,7 +4,7 @@ Configured by environment variables, so that each peer stays a small file:
 
     BENCH_MODEL    text-embedding | image-classifier
     BENCH_IMPL     onnx | torch    Funnel's exported model (model_store) through
-                                   worker.backend, with the task module's
+                                   worker.backend, with the model's Task's
                                    preprocess / collate / postprocess ("same backend")
                    eager           PyTorch eager as the packages' docs show it
                                    ("what a user gets by default")
@@ -23,14 +23,11 @@ Answers have Funnel's shapes: {"embedding": [384 floats]} or
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks import ROOT
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -64,27 +61,26 @@ def jsonable(result: dict) -> dict:
 
 
 class ExportedModel:
-    """Funnel's model_store export through Funnel's backend and task module."""
+    """Funnel's model_store export through Funnel's backend and the model's Task."""
 
     def __init__(self, model: str, impl: str, store: str, threads: int, device: str):
-        from common.store import load_spec
-        from common.tasks import Limits, get
-        from worker.backend import load
+        from funnel.common import tasks
+        from funnel.common.store import load_spec
+        from funnel.worker.backend import load
 
         self.spec = load_spec(store, model)
-        self.task = get(self.spec.task)
-        self.limits = Limits()
+        self.task = tasks.load(self.spec)  # default limits, as Funnel's web tier without FUNNEL_LIMITS
         # TorchBackend.run copies the outputs to numpy with .cpu(), a blocking device-to-host
         # copy: on CUDA every predict() returns only once the GPU has finished the batch.
         self.backend = load(self.spec, impl, device, threads)
         self.description = self.backend.description
 
     def preprocess(self, raw):
-        return self.task.preprocess(raw, self.spec, self.limits)
+        return self.task.preprocess(raw)
 
     def predict(self, items: list) -> list[dict]:
-        outputs = self.backend.run(self.task.collate(items, self.spec))
-        return [jsonable(self.task.postprocess({k: v[i] for k, v in outputs.items()}, self.spec))
+        outputs = self.backend.run(self.task.collate(items))
+        return [jsonable(self.task.postprocess({k: v[i] for k, v in outputs.items()}))
                 for i in range(len(items))]
 
 

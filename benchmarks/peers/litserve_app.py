@@ -1,24 +1,22 @@
 """LitServe with batching: max_batch_size 32, batch_timeout 0.02 s.
 
-    BENCH_MODEL=... BENCH_IMPL=... python benchmarks/peers/litserve_app.py PORT
+    BENCH_MODEL=... BENCH_IMPL=... python -m benchmarks.peers.litserve_app PORT
 
-LitServe's defaults otherwise: one inference worker (accelerator cpu, or cuda with
-one device when BENCH_DEVICE is a GPU), one API server process unless
-BENCH_WEB_PROCESSES sets num_api_servers. decode_request (the preprocessing) runs
-in the inference worker, as LitServe does it. Text: JSON {"text": ...}; image: multipart field "file"
-(LitServe parses JSON or forms, not raw image bodies).
+Run from the repository root, like every peer. LitServe's defaults otherwise: one
+inference worker (accelerator cpu, or cuda with one device when BENCH_DEVICE is a
+GPU), one API server process unless BENCH_WEB_PROCESSES sets num_api_servers.
+decode_request (the preprocessing) runs in the inference worker, as LitServe does
+it. Text: JSON {"text": ...}; image: multipart field "file" (LitServe parses JSON
+or forms, not raw image bodies).
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import litserve as ls
 
-import litserve as ls  # noqa: E402
-
-from benchmarks.peers.common import TEXT_MODEL, env_config, load_model, write_pidfile  # noqa: E402
+from benchmarks.peers.common import TEXT_MODEL, env_config, load_model, write_pidfile
 
 CONFIG = env_config()
 TEXT = CONFIG["model"] == TEXT_MODEL

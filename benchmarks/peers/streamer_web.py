@@ -26,15 +26,12 @@ if config["impl"] == "eager":
     def preprocess(raw):
         return raw  # as the documented examples do: raw inputs, the model side does the rest
 else:
-    # Only the task module's preprocess runs here, never the backend.
-    from common.store import load_spec
-    from common.tasks import Limits, get
+    # Only the Task's preprocess runs here, never the backend.
+    from funnel.common import tasks
+    from funnel.common.store import load_spec
 
-    spec = load_spec(config["store"], config["model"])
-    task, limits = get(spec.task), Limits()
-
-    def preprocess(raw):
-        return task.preprocess(raw, spec, limits)
+    task = tasks.load(load_spec(config["store"], config["model"]))
+    preprocess = task.preprocess
 
 streamer = RedisStreamer(redis_broker=os.environ["BENCH_REDIS"])
 app = Flask(__name__)

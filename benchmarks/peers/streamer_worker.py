@@ -1,22 +1,19 @@
 """service-streamer's model worker: batches from Redis, one model process.
 
-    BENCH_MODEL=... BENCH_IMPL=... BENCH_REDIS=127.0.0.1:PORT python benchmarks/peers/streamer_worker.py
+    BENCH_MODEL=... BENCH_IMPL=... BENCH_REDIS=127.0.0.1:PORT python -m benchmarks.peers.streamer_worker
 
-run_redis_workers_forever spawns the model process (multiprocessing "spawn")
-and waits on it; batch 32, max latency 20 ms, one worker.
+Run from the repository root, like every peer. run_redis_workers_forever spawns
+the model process (multiprocessing "spawn") and waits on it; batch 32, max
+latency 20 ms, one worker.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from service_streamer import ManagedModel, run_redis_workers_forever
 
-from service_streamer import ManagedModel, run_redis_workers_forever  # noqa: E402
-
-from benchmarks.peers.common import env_config, load_model, write_pidfile  # noqa: E402
+from benchmarks.peers.common import env_config, load_model, write_pidfile
 
 BATCH_SIZE = int(os.environ.get("BENCH_BATCH_SIZE", "32"))
 MAX_LATENCY_S = float(os.environ.get("BENCH_MAX_LATENCY_S", "0.02"))

@@ -1,43 +1,55 @@
-"""Task modules: what turns a request into tensors and a model output into a result.
+"""Finding a model's Task: by the name model.json gives, or by import path.
 
-Each task module provides
-  web side (numpy only, never torch or onnxruntime):
-    parse(request, limits) -> (items, single)   raw items from an HTTP request
-    preprocess(item, spec, limits) -> inputs    named numpy arrays for one job
-  worker side:
-    check(inputs, spec)                         raise BadInput for a malformed job
-    collate(list of inputs, spec) -> feeds      one batch for the backend
-    postprocess(row, spec) -> outputs           one item's named outputs
-
-A new model of an existing task is only a model store folder; a new task is
-one more module here, registered in TASKS.
+model.json's "task" is either the name of a registered task (the entry point
+group "funnel.tasks": Funnel registers image_classification and
+text_embedding in its pyproject.toml, and any installed distribution may add
+its own) or an import path "package.module:Class" to a Task subclass of your
+own, importable where the web tier and the workers run. Adding a model needs
+no edit here, nor anywhere in web/, worker/ or common/.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import ModuleType
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
 
-from common.tasks import image_classification, text_embedding
+from funnel.common.store import ModelSpec
+from funnel.common.tasks.base import INPUT_KINDS, InputKind, Inputs, Task
 
+__all__ = ["Task", "Inputs", "InputKind", "INPUT_KINDS", "ENTRY_POINT_GROUP", "task_class", "load",
+           "registered"]
 
-@dataclass(frozen=True)
-class Limits:
-    """Per-request input limits the web tier enforces."""
-
-    max_items: int = 64
-    max_text_chars: int = 20_000
-    max_image_pixels: int = 40_000_000
+ENTRY_POINT_GROUP = "funnel.tasks"
 
 
-TASKS: dict[str, ModuleType] = {
-    "image_classification": image_classification,
-    "text_embedding": text_embedding,
-}
+def registered() -> dict[str, str]:
+    """Registered task names -> their import paths."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def get(task: str) -> ModuleType:
-    try:
-        return TASKS[task]
-    except KeyError:
-        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}") from None
+def task_class(name: str) -> type[Task]:
+    """The Task subclass a model.json names."""
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            found = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"task {name!r} cannot be imported: {exc}") from None
+    else:
+        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not matches:
+            raise ValueError(f"unknown task {name!r}; registered: {', '.join(sorted(registered()))} "
+                             f"(or name a class as 'package.module:Class')")
+        found = matches[0].load()
+    if not (isinstance(found, type) and issubclass(found, Task)):
+        raise ValueError(f"task {name!r} is not a subclass of funnel.common.tasks.Task")
+    if getattr(found, "input_kind", None) not in INPUT_KINDS:
+        raise ValueError(f"task {name!r} declares input_kind {getattr(found, 'input_kind', None)!r}; "
+                         f"one of {', '.join(INPUT_KINDS)}")
+    return found
+
+
+def load(spec: ModelSpec, limits: Mapping[str, int] | None = None) -> Task:
+    """The Task serving this model, with its limits (defaults < model.json < the limits given)."""
+    return task_class(spec.task)(spec, limits)

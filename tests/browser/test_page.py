@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from scripts.stack import Stack
+from funnel.scripts.stack import Stack
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

@@ -142,9 +142,9 @@ def target_stage(dockerfile: str, target: str | None) -> Stage:
 
 def setting_names() -> dict[str, set[str]]:
     """FUNNEL_* variables each tier reads: "FUNNEL_" + field name, upper-cased."""
-    from common.settings import env_name
-    from web.settings import WebSettings
-    from worker.settings import WorkerSettings
+    from funnel.common.settings import env_name
+    from funnel.web.settings import WebSettings
+    from funnel.worker.settings import WorkerSettings
 
     return {tier: {env_name(f.name) for f in dataclasses.fields(cls) if f.init}
             for tier, cls in (("web", WebSettings), ("worker", WorkerSettings))}

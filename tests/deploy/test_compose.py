@@ -22,10 +22,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.redis_local import LocalRedis, free_port
+from funnel.scripts.redis_local import LocalRedis, free_port
 from tests.conftest import http
-from tests.deploy.support import (COMPOSE_FILES, ROOT, interpolate, load_compose, setting_names,
-                                  target_stage, variables)
+from tests.deploy.support import (
+    COMPOSE_FILES,
+    ROOT,
+    interpolate,
+    load_compose,
+    setting_names,
+    target_stage,
+    variables,
+)
 
 WORKERS = ("worker-image", "worker-text")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
@@ -105,6 +112,8 @@ def test_cpu_file_is_the_gpu_file_on_the_cpu():
     for worker in WORKERS:
         service = gpu["services"][worker]
         service["build"]["target"] = "cpu"
+        assert service["image"] == "funnel-worker:cuda"
+        service["image"] = "funnel-worker:cpu"
         del service["deploy"]
         service["environment"]["FUNNEL_DEVICE"] = "cpu"
         del service["environment"]["FUNNEL_DEVICES"]
@@ -176,7 +185,11 @@ def service_process(name: str, service: dict, redis_port: int, model_store: Path
 
         command = shlex.split(command)
     assert command, f"{name}: no command in the service nor a CMD in {build['dockerfile']}"
-    argv = [sys.executable if command[0] in ("python", "python3") else command[0], *command[1:]]
+    # python is this interpreter; a console script (funnel-web) is the one installed beside it.
+    script = Path(sys.executable).parent / command[0]
+    program = sys.executable if command[0] in ("python", "python3") else (
+        str(script) if script.exists() else command[0])
+    argv = [program, *command[1:]]
     env = {**CLEAN_ENV, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            **{k: v for k, v in stage.env.items() if k.startswith("FUNNEL_")},
            **{k: v for k, v in service["environment"].items() if v is not None}}
@@ -271,6 +284,7 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
     web_port = free_port()
     url = f"http://127.0.0.1:{web_port}"
     processes = Processes(tmp_path)
+    script = ROOT / "deploy" / "worker_healthcheck.py"  # the worker image's /app/healthcheck.py
     redis = LocalRedis().start()
     try:
         envs = start_compose(services, redis, model_store, processes, {"worker-text": 2}, web_port)
@@ -301,8 +315,6 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
         assert served == text_workers
 
         # The worker image's HEALTHCHECK (the k8s exec probe): healthy with a worker on this host.
-        script = tmp_path / "healthcheck.py"
-        script.write_text(target_stage("deploy/Dockerfile.worker", "app").heredocs["/app/healthcheck.py"])
         checked = run_healthcheck(script, envs["worker-text"])
         assert checked.returncode == 0, checked.stderr
     finally:
@@ -321,7 +333,7 @@ def test_a_wrong_command_fails_the_smoke_test(model_store, tmp_path):
     services = load_compose("docker-compose.cpu.yml", CLEAN_ENV)["services"]
     broken = {"redis": services["redis"],
               "worker-text": {**services["worker-text"],
-                              "command": ["python", "-m", "worker", "--no-such-flag"]}}
+                              "command": ["funnel-worker", "--no-such-flag"]}}
     processes = Processes(tmp_path)
     redis = LocalRedis().start()
     try:

@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
-from common.keys import Keys
-from common.store import list_models
+from funnel.common.keys import Keys
+from funnel.common.store import list_models
 from tests.deploy.support import K8S, k8s_documents, setting_names, target_stage
 
 kubernetes_validate = pytest.importorskip(

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import redis
 
-from common.store import load_spec
-from common.tasks import Limits, text_embedding
-from scripts.stack import Stack
+from funnel.common import tasks
+from funnel.common.store import load_spec
+from funnel.scripts.stack import Stack
 from tests.conftest import http, metric
 
 TEXT = "text-embedding"
@@ -50,16 +50,15 @@ def texts(n: int, tag: str) -> list[str]:
 @pytest.fixture(scope="session")
 def expected_embeddings(model_store):
     """Reference embeddings computed in-process, to catch any mixed-up answer."""
-    from worker.backend import load
+    from funnel.worker.backend import load
 
     spec = load_spec(model_store, TEXT)
-    model = load(spec, "onnx", "cpu")
+    model, task = load(spec, "onnx", "cpu"), tasks.load(spec)
 
     def embed(batch: list[str]) -> dict[str, np.ndarray]:
         out = {}
         for text in batch:
-            item = text_embedding.preprocess(text, spec, Limits())
-            out[text] = model.run(text_embedding.collate([item], spec))["embedding"][0]
+            out[text] = model.run(task.collate([task.preprocess(text)]))["embedding"][0]
         return out
 
     return embed

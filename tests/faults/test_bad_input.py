@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import redis
 
-from common import wire
-from scripts.stack import Stack
+from funnel.common import wire
+from funnel.scripts.stack import Stack
 from tests.conftest import http, jpeg_bytes, multipart
 from tests.faults.conftest import FAULT_TABLE, Outcome, wait_for
 
@@ -17,8 +17,8 @@ IMAGE, TEXT = "image-classifier", "text-embedding"
 @pytest.fixture(scope="module")
 def stack(model_store, tmp_path_factory):
     with Stack(model_store=model_store, log_dir=tmp_path_factory.mktemp("bad-input"),
-               web_env={"FUNNEL_MAX_BODY_MB": "1", "FUNNEL_MAX_IMAGE_PIXELS": "1000000",
-                        "FUNNEL_MAX_ITEMS": "8", "FUNNEL_MAX_TEXT_CHARS": "2000"}) as running:
+               web_env={"FUNNEL_MAX_BODY_MB": "1", "FUNNEL_LIMITS": "max_pixels=1000000,max_chars=2000",
+                        "FUNNEL_MAX_ITEMS": "8"}) as running:
         yield running
 
 

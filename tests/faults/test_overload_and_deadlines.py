@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from scripts.stack import Stack
+from funnel.scripts.stack import Stack
 from tests.conftest import http
 from tests.faults.conftest import Outcome, stray_replies, wait_for
 

@@ -1,6 +1,6 @@
 """Redis stopped under load: requests fail fast with 503, then succeed again, with no process restarted."""
 
-from scripts.stack import Stack
+from funnel.scripts.stack import Stack
 from tests.conftest import http
 from tests.faults.conftest import FAST_HEARTBEAT, TEXT, Outcome, load_running, send_texts, texts, wait_for
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from scripts.redis_local import LocalRedis
-from scripts.stack import Stack
+from funnel.scripts.redis_local import LocalRedis
+from funnel.scripts.stack import Stack
 from tests.conftest import http
 
 TEXT = "text-embedding"

@@ -5,9 +5,17 @@ import threading
 
 import redis
 
-from scripts.stack import Stack
-from tests.faults.conftest import (FAST_HEARTBEAT, TEXT, assert_each_answered_once, freeze_holding_jobs,
-                                   load_running, stray_replies, texts, wait_for)
+from funnel.scripts.stack import Stack
+from tests.faults.conftest import (
+    FAST_HEARTBEAT,
+    TEXT,
+    assert_each_answered_once,
+    freeze_holding_jobs,
+    load_running,
+    stray_replies,
+    texts,
+    wait_for,
+)
 
 
 def text_stack(model_store, tmp_path, **web_env) -> Stack:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.store import load_spec
+from funnel.common.store import load_spec
+from funnel.worker import backend as backends
 from tests.conftest import cosines, image_feeds, text_feeds
-from worker import backend as backends
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")]

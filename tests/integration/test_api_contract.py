@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from scripts.stack import Stack  # noqa: E402
+from funnel.scripts.stack import Stack  # noqa: E402
 from tests.conftest import http  # noqa: E402
 
 KEY = "contract-test-key"

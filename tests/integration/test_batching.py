@@ -9,12 +9,11 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from common import wire
-from common.store import load_spec
-from common.tasks import Limits, text_embedding
-from common.wire import Job
-from worker.main import serve
-from worker.settings import WorkerSettings
+from funnel.common import tasks, wire
+from funnel.common.store import load_spec
+from funnel.common.wire import Job
+from funnel.worker.main import serve
+from funnel.worker.settings import WorkerSettings
 
 MODEL = "text-embedding"
 
@@ -43,7 +42,7 @@ def running_worker(redis_server, model_store, **flags):
 
 def text_job(spec, text, keys, deadline_s=30.0, **inputs) -> Job:
     job_id = uuid.uuid4().hex
-    inputs = inputs or text_embedding.preprocess(text, spec, Limits())
+    inputs = inputs or tasks.load(spec).preprocess(text)
     return Job(id=job_id, model=MODEL, inputs=inputs, reply_to=keys.reply(job_id),
                deadline=wire.now_ms() + int(deadline_s * 1000))
 

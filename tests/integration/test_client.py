@@ -1,4 +1,4 @@
-"""The Python client (common/client.py), the command-line client and the stress test, against a live stack."""
+"""The Python client (client/funnel_client), the command-line client and the stress test, against a live stack."""
 
 from __future__ import annotations
 
@@ -14,10 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.client import (BadRequest, Client, ConnectionFailed, FunnelHTTPError, NotFound, ServerBusy,
-                           ServerError, Timeout, Unauthorized, error_for)
-from scripts.redis_local import free_port
-from scripts.stack import Stack
+from funnel.scripts.redis_local import free_port
+from funnel.scripts.stack import Stack
+from funnel_client import (
+    BadRequest,
+    Client,
+    ConnectionFailed,
+    FunnelHTTPError,
+    NotFound,
+    ServerBusy,
+    ServerError,
+    Timeout,
+    Unauthorized,
+    error_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CAT_CLASSES = {281, 282, 283, 284, 285, 286, 287}  # tabby .. lynx
@@ -43,10 +53,11 @@ def cat_file(cat_jpeg, tmp_path_factory) -> Path:
     return path
 
 
-def run_script(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python scripts/...` from the repository root, as a user runs it."""
-    return subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin, capture_output=True, text=True,
-                          timeout=timeout)
+def run_script(command: str, *args: str, stdin: str | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    """An installed console script (funnel-client, funnel stress), as a user runs it."""
+    program = [str(Path(sys.executable).parent / command.split()[0]), *command.split()[1:]]
+    return subprocess.run([*program, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 # -- the Python client ---------------------------------------------------------
@@ -303,7 +314,7 @@ def test_client_timeout_is_a_typed_error():
 
 
 def test_cli_classifies_an_image(stack, cat_file):
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", IMAGE, "--image", str(cat_file))
+    done = run_script("funnel-client", "--url", stack.url, "--model", IMAGE, "--image", str(cat_file))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "label" in lines[1] and "probability" in lines[1]
@@ -314,25 +325,25 @@ def test_cli_classifies_an_image(stack, cat_file):
 
 
 def test_cli_embeds_a_text(stack):
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", TEXT,
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT,
                       "--text", "A man is eating food.")
     assert done.returncode == 0, done.stderr
     assert "384 dimensions" in done.stdout and "queue" in done.stdout and "round trip" in done.stdout
 
 
 def test_cli_json_and_errors(stack):
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", TEXT, "--text", "a", "--text", "b",
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--text", "a", "--text", "b",
                       "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["results"]) == 2
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", TEXT, "--text", " ")
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--text", " ")
     assert done.returncode == 1 and "400 empty_input" in done.stderr
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", TEXT)
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT)
     assert done.returncode == 2 and "--text" in done.stderr
 
 
 def test_cli_interactive_text(stack):
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", TEXT, "--interactive",
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--interactive",
                       stdin="A man is eating food.\n\n" + "word " * 300 + "\nThe girl is carrying a baby.\n"
                             "quit\nnot sent\n")
     assert done.returncode == 0, done.stderr
@@ -342,7 +353,7 @@ def test_cli_interactive_text(stack):
 
 
 def test_cli_interactive_images_until_eof(stack, cat_file):
-    done = run_script("scripts/client.py", "--url", stack.url, "--model", IMAGE, "-i",
+    done = run_script("funnel-client", "--url", stack.url, "--model", IMAGE, "-i",
                       stdin=f"{cat_file}\n/no/such/file.jpg\n{cat_file}\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Egyptian cat") + done.stdout.count("tabby") >= 2
@@ -354,7 +365,7 @@ def test_cli_interactive_images_until_eof(stack, cat_file):
 
 def test_stress_test_prints_its_table(stack, tmp_path):
     out = tmp_path / "stress.json"
-    done = run_script("scripts/stress_test.py", "--url", stack.url, "--clients", "4", "--requests", "5",
+    done = run_script("funnel stress", "--url", stack.url, "--clients", "4", "--requests", "5",
                       "--model", TEXT, "--text", "stress", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
@@ -372,17 +383,17 @@ def test_stress_test_prints_its_table(stack, tmp_path):
 
 
 def test_stress_test_counts_errors_by_status(stack, cat_file):
-    done = run_script("scripts/stress_test.py", "--url", stack.url, "--clients", "2", "--requests", "3",
+    done = run_script("funnel stress", "--url", stack.url, "--clients", "2", "--requests", "3",
                       "--model", "no-such-model", "--no-progress")
     assert done.returncode == 1
     assert "failed       6 (404: 6)" in done.stdout and "unknown_model" in done.stdout
-    done = run_script("scripts/stress_test.py", "--url", stack.url, "--clients", "2", "--requests", "2",
+    done = run_script("funnel stress", "--url", stack.url, "--clients", "2", "--requests", "2",
                       "--image", str(cat_file), "--no-progress")
     assert done.returncode == 0 and "succeeded    4" in done.stdout, done.stdout + done.stderr
 
 
 def test_stress_test_help_documents_every_option():
-    done = run_script("scripts/stress_test.py", "--help")
+    done = run_script("funnel stress", "--help")
     assert done.returncode == 0
     for option in ["--url", "--model", "--text", "--image", "--clients", "--requests", "--warmup",
                    "--timeout", "--retries", "--api-key", "--json", "--no-progress"]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import redis
 
-from scripts.stack import Stack
+from funnel.scripts.stack import Stack
 from tests.conftest import http, multipart
 
 CAT_CLASSES = {281, 282, 283, 284, 285, 286, 287}  # tabby .. lynx
@@ -92,7 +92,7 @@ def test_concurrent_requests_get_their_own_answers(stack):
 
 
 def test_torch_workers_run_on_tcmalloc(stack):
-    from worker.allocator import tcmalloc_path
+    from funnel.worker.allocator import tcmalloc_path
 
     if stack.worker_env["FUNNEL_BACKEND"] != "torch" or not tcmalloc_path():
         pytest.skip("tcmalloc is preloaded for the torch backend only, when libtcmalloc-minimal4 is installed")

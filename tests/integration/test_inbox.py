@@ -5,11 +5,11 @@ import random
 import pytest
 import redis
 
-from common.errors import Timeout, Unavailable
-from common.keys import Keys
-from common.wire import Reply, encode_reply, now_ms
-from scripts.redis_local import LocalRedis
-from web.inbox import Inbox
+from funnel.common.errors import Timeout, Unavailable
+from funnel.common.keys import Keys
+from funnel.common.wire import Reply, encode_reply, now_ms
+from funnel.scripts.redis_local import LocalRedis
+from funnel.web.inbox import Inbox
 
 
 @pytest.fixture()

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.store import load_spec
-from scripts import prepare_model
+from funnel.common.store import load_spec
+from funnel.scripts import prepare_model
+from funnel.worker import backend as backends
 from tests.conftest import SENTENCES, cosines, image_feeds, text_feeds
-from worker import backend as backends
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_int8_text_model_stays_close_to_fp32(model_store, tmp_path):
     import random
     import shutil
 
-    from common.store import load_spec
+    from funnel.common.store import load_spec
 
     shutil.copytree(model_store / "text-embedding", tmp_path / "text-embedding")
     prepare_model.prepare_quantized(tmp_path, "text-embedding")

@@ -5,11 +5,12 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from scripts.redis_local import redis_cli_binary
-from scripts.stack import ROOT, Stack
+from funnel.scripts.redis_local import redis_cli_binary
+from funnel.scripts.stack import Stack
 from tests.conftest import http, metric
 from tests.faults.conftest import wait_for
 
@@ -115,13 +116,13 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
                         headers={"Content-Type": "image/jpeg"})
     assert status == 504  # nobody serves images: the job waits in the queue
     env_url = ["--redis-url", idle.redis_url]
-    out = subprocess.run([sys.executable, "-m", "scripts.inspect_redis", *env_url], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    funnel = str(Path(sys.executable).parent / "funnel")
+    out = subprocess.run([funnel, "inspect", *env_url], capture_output=True, text=True, check=True).stdout
     assert re.search(rf"funnel:queue:{IMAGE}\s+1\s+\d+\.\d+ s", out), out
     assert re.search(rf": {TEXT} onnx cpu batch 32", out), out
     shown = json.loads(subprocess.run(
-        [sys.executable, "-m", "scripts.inspect_redis", *env_url, "show", f"funnel:queue:{IMAGE}"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+        [funnel, "inspect", *env_url, "show", f"funnel:queue:{IMAGE}"],
+        capture_output=True, text=True, check=True).stdout)
     assert shown["model"] == IMAGE and shown["inputs"] == {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}}
     assert shown["deadline_in_s"] < 0 and shown["attempt"] == 0
 

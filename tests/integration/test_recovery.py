@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from common import wire
-from common.wire import Job
-from worker.recovery import Recovery
+from funnel.common import wire
+from funnel.common.wire import Job
+from funnel.worker.recovery import Recovery
 
 MODEL = "text-embedding"
 

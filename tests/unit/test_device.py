@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from worker import device as devices
-from worker.heartbeat import Heartbeat
+from funnel.worker import device as devices
+from funnel.worker.heartbeat import Heartbeat
 
 GPUS = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
 
@@ -94,19 +94,19 @@ def test_a_restart_under_the_same_id_does_not_count_itself(redis_client, keys):
     # fixed-id restarts: its old registration and claim are its own, only "other" counts.
     assert devices.choose(redis_client, keys, ["cuda:0", "cuda:1"], "fixed-id") == "cuda:1"
     assert devices.choose(redis_client, keys, ["cuda:0", "cuda:1"], "fixed-id") == "cuda:1"
-    members = [m.decode() for m in redis_client.zrange(devices.claims_key(keys), 0, -1)]
+    members = [m.decode() for m in redis_client.zrange(keys.device_claims(), 0, -1)]
     assert sorted(members) == ["cuda:0 other", "cuda:1 fixed-id"]  # one claim per worker
 
 
 def test_expired_claims_do_not_count(redis_client, keys):
-    key = devices.claims_key(keys)
+    key = keys.device_claims()
     redis_client.zadd(key, {"cuda:0 long-gone": 1})  # expired in 1970
     assert devices.choose(redis_client, keys, ["cuda:0", "cuda:1"], "w") == "cuda:0"
     assert redis_client.zscore(key, "cuda:0 long-gone") is None  # swept
 
 
 def test_keys_follow_the_prefix(redis_client):
-    from common.keys import Keys
+    from funnel.common.keys import Keys
 
     other = Keys("other")
     register(redis_client, Keys("funnel"), "a", "cuda:0")
@@ -143,7 +143,7 @@ def test_cuda_devices_lists_what_the_backend_sees():
 
 
 def test_devices_setting(monkeypatch):
-    from worker.settings import WorkerSettings
+    from funnel.worker.settings import WorkerSettings
 
     monkeypatch.setenv("FUNNEL_MODEL", "text-embedding")
     monkeypatch.setenv("FUNNEL_DEVICE", "auto")

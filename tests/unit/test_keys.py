@@ -1,6 +1,6 @@
 import pytest
 
-from common.keys import Keys
+from funnel.common.keys import Keys
 
 
 def test_key_names_are_readable():

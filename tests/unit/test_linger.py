@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from worker.linger import AdaptiveLinger, CostModel, FixedLinger
+from funnel.worker.linger import AdaptiveLinger, CostModel, FixedLinger
 
 
 def test_cost_model_recovers_a_line():

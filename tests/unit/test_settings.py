@@ -1,7 +1,7 @@
 import pytest
 
-from web.settings import WebSettings
-from worker.settings import WorkerSettings
+from funnel.web.settings import WebSettings
+from funnel.worker.settings import WorkerSettings
 
 
 def test_defaults():
@@ -19,8 +19,20 @@ def test_environment_then_flags(monkeypatch):
 
 
 def test_limits_follow_settings():
-    s = WebSettings.load(["--max-items", "3", "--max-image-pixels", "100"])
-    assert s.limits.max_items == 3 and s.limits.max_image_pixels == 100
+    s = WebSettings.load(["--max-items", "3", "--limits", "max_pixels=100,max_chars=7"])
+    assert s.max_items == 3 and s.limits == ["max_pixels=100", "max_chars=7"]
+
+
+def test_shared_fields_are_declared_once():
+    """redis_url, prefix, model_store and log_level come from one base, same defaults in both tiers."""
+    from dataclasses import fields
+
+    from funnel.common.settings import SharedSettings
+
+    shared = {f.name: f.default for f in fields(SharedSettings)}
+    for tier in (WebSettings, WorkerSettings):
+        assert issubclass(tier, SharedSettings)
+        assert {f.name: f.default for f in fields(tier) if f.name in shared} == shared
 
 
 def test_worker_flags_mirror_variables(monkeypatch):

@@ -139,6 +139,10 @@ function setupImage(panel) {
     data.append("file", file, file.name);
     const body = await predict(panel, {body: data});
     if (!body) return;
+    if (!Array.isArray(body.predictions)) {  // an image model of another task: show its answer as is
+      setResult(panel, "done", jsonView(body), timings(body.roundTripMs, body.meta));
+      return;
+    }
     const rows = body.predictions.map(p => el("li", {},
       el("span", {class: "label", title: `ImageNet class ${p.index}`}, p.label),
       el("span", {class: "pct"}, `${(p.probability * 100).toFixed(1)}%`),
@@ -206,6 +210,11 @@ function setupText(panel) {
     const body = await predict(panel, {headers: {"Content-Type": "application/json"},
                                        body: JSON.stringify(payload)});
     if (!body) return;
+    const results = texts.length === 1 ? [body] : body.results;
+    if (!results.every(r => Array.isArray(r.embedding))) {  // a text model of another task
+      setResult(panel, "done", jsonView(body), timings(body.roundTripMs, body.meta));
+      return;
+    }
     if (texts.length === 1) {
       const head = body.embedding.slice(0, 6).map(x => x.toFixed(3)).join(", ");
       setResult(panel, "done",
@@ -222,6 +231,37 @@ function setupText(panel) {
   });
 }
 
+// -- any JSON input ----------------------------------------------------------
+
+// An answer the page has no picture for: its fields, as JSON, without the timings.
+function jsonView(body) {
+  const {meta, roundTripMs, ...answer} = body;
+  return el("pre", {class: "json"}, JSON.stringify(answer, null, 2));
+}
+
+function setupJson(panel) {
+  const form = $(panel, ".json-form"), textarea = $(form, "textarea");
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    const lines = textarea.value.split("\n").map(t => t.trim()).filter(Boolean);
+    if (!lines.length) {
+      setResult(panel, "error", errorBox("Nothing to send", "type a JSON value, or several, one per line"));
+      return;
+    }
+    let values;
+    try {
+      values = lines.map(line => JSON.parse(line));
+    } catch (err) {
+      setResult(panel, "error", errorBox("Not JSON", err.message));
+      return;
+    }
+    const payload = values.length === 1 ? {input: values[0]} : {inputs: values};
+    const body = await predict(panel, {headers: {"Content-Type": "application/json"},
+                                       body: JSON.stringify(payload)});
+    if (body) setResult(panel, "done", jsonView(body), timings(body.roundTripMs, body.meta));
+  });
+}
+
 // -- model picker ------------------------------------------------------------
 
 function select(name) {
@@ -233,8 +273,9 @@ function select(name) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  document.querySelectorAll(".panel[data-task=image_classification]").forEach(setupImage);
-  document.querySelectorAll(".panel[data-task=text_embedding]").forEach(setupText);
+  document.querySelectorAll(".panel[data-kind=image]").forEach(setupImage);
+  document.querySelectorAll(".panel[data-kind=text]").forEach(setupText);
+  document.querySelectorAll(".panel[data-kind=json]").forEach(setupJson);
   document.querySelectorAll(".picker input").forEach(r => r.addEventListener("change", () => select(r.value)));
   if (location.hash) select(decodeURIComponent(location.hash.slice(1)));
   // Files dropped outside the drop zone would replace the page: ignore them.

@@ -1,6 +1,6 @@
 """A Python client for Funnel's HTTP API: the standard library only, safe to share between threads.
 
-    from common.client import Client
+    from funnel_client import Client
 
     with Client("http://127.0.0.1:8000") as client:
         top5 = client.predict("image-classifier", image="cat.jpg")["predictions"]
@@ -25,18 +25,19 @@ import http.client
 import json
 import mimetypes
 import os
-import socket
 import threading
 import time
 import urllib.parse
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, Iterable, Union
+from typing import Any, BinaryIO, Union
 
 __all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound", "ServerBusy",
            "Timeout", "ServerError", "ConnectionFailed", "error_for"]
 
 ImageInput = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
+_NOTHING: Any = object()  # input= not given (None is a JSON value a model may take)
 
 
 # -- errors ------------------------------------------------------------------
@@ -200,37 +201,47 @@ class Client:
     # -- the API -------------------------------------------------------------
 
     def predict(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
-                texts: Iterable[str] | None = None) -> dict[str, Any]:
-        """One prediction: exactly one of image (bytes, path or binary file), text, or texts.
+                texts: Iterable[str] | None = None, input: Any = _NOTHING,
+                inputs: Iterable[Any] | None = None) -> dict[str, Any]:
+        """One prediction: exactly one of image= (bytes, path or binary file), text=, texts=, input= or inputs=.
 
-        Returns the server's JSON: {"model", "predictions", "meta"} for an image,
-        {"model", "embedding", "meta"} for a text, {"model", "results", "meta"} for texts.
+        Which one a model takes is its `input_kind` in GET /v1/models: "image",
+        "text" (text= or texts=), or "json" (input= one JSON value, inputs= a list).
+        Returns the server's JSON: the result's fields at the top level with "meta"
+        for one item ({"model", "predictions", "meta"} for an image,
+        {"model", "embedding", "meta"} for a text), {"model", "results", "meta"} for many.
         """
-        given = [name for name, value in (("image", image), ("text", text), ("texts", texts))
-                 if value is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of image=, text= or texts= (got {given or 'none'})")
-        if image is not None:
-            body, content_type = read_image(image)
+        chosen = {name: value for name, value in (("image", image), ("text", text), ("texts", texts),
+                                                  ("inputs", inputs)) if value is not None}
+        if input is not _NOTHING:
+            chosen["input"] = input
+        if len(chosen) != 1:
+            raise ValueError(f"give exactly one of image=, text=, texts=, input= or inputs= "
+                             f"(got {', '.join(chosen) or 'none'})")
+        ((name, value),) = chosen.items()
+        if name == "image":
+            body, content_type = read_image(value)
         else:
-            if text is not None:
-                payload: dict[str, Any] = {"text": text}
-            else:
-                if isinstance(texts, (str, bytes)):
-                    raise TypeError("texts= takes a list of strings; use text= for one")
-                payload = {"texts": list(texts)}
-            body, content_type = json.dumps(payload).encode(), "application/json"
+            if name in ("texts", "inputs"):
+                if isinstance(value, (str, bytes)):
+                    raise TypeError(f"{name}= takes a list; use {name[:-1]}= for one")
+                value = list(value)
+            body, content_type = json.dumps({name: value}).encode(), "application/json"
         path = f"/v1/models/{urllib.parse.quote(model, safe='')}/predict"
         return self._call("POST", path, body, content_type)
 
     def submit(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
-               texts: Iterable[str] | None = None) -> "Future[dict[str, Any]]":
+               texts: Iterable[str] | None = None, input: Any = _NOTHING,
+               inputs: Iterable[Any] | None = None) -> Future[dict[str, Any]]:
         """`predict` on the client's thread pool: a Future of its result (or of its error)."""
         if image is not None and hasattr(image, "read"):
             image = read_image(image)[0]  # read now, on the caller's thread
         if texts is not None and not isinstance(texts, (str, bytes)):
             texts = list(texts)
-        return self._executor().submit(self.predict, model, image, text=text, texts=texts)
+        if inputs is not None and not isinstance(inputs, (str, bytes)):
+            inputs = list(inputs)
+        return self._executor().submit(self.predict, model, image, text=text, texts=texts,
+                                       input=input, inputs=inputs)
 
     def models(self) -> dict[str, Any]:
         """GET /v1/models: {"models": [{name, task, batch_size, queue, workers, ...}]}."""
@@ -259,7 +270,7 @@ class Client:
         for connection in connections:
             connection.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -309,7 +320,7 @@ class Client:
                 connection.request(method, self._base_path + path, body=body, headers=headers)
                 response = connection.getresponse()
                 data = response.read()
-            except (socket.timeout, TimeoutError) as exc:
+            except TimeoutError as exc:
                 connection.close()
                 raise Timeout(None, "client_timeout",
                               f"no answer from {self.url} within {self.timeout} s") from exc

@@ -1,10 +1,10 @@
 """Ask a Funnel server for one answer, or many in an interactive session.
 
-    python scripts/client.py --model image-classifier --image cat.jpg
-    python scripts/client.py --model text-embedding --text "A man is eating food."
-    python scripts/client.py --model text-embedding --text first --text second
-    python scripts/client.py --model text-embedding --interactive
-    python scripts/client.py --models
+    funnel-client --model image-classifier --image cat.jpg
+    funnel-client --model text-embedding --text "A man is eating food."
+    funnel-client --model text-embedding --text first --text second
+    funnel-client --model text-embedding --interactive
+    funnel-client --models
 
 Exit status: 0 answered, 1 the server answered an error (or could not be
 reached), 2 bad arguments.
@@ -12,24 +12,16 @@ reached), 2 bad arguments.
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
-# `python scripts/this.py` puts scripts/ first on sys.path, where a script named like a standard
-# module (scripts/inspect.py) would shadow it: put the repository root there instead, before any import.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path[0] = ROOT
-elif ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from common.client import Client, FunnelHTTPError  # noqa: E402
+from funnel_client import Client, FunnelHTTPError
 
 DEFAULT_URL = os.environ.get("FUNNEL_URL", "http://127.0.0.1:8000")
 SHOW_VALUES = 8
@@ -73,7 +65,8 @@ def format_answer(answer: dict, round_trip_ms: float | None = None) -> str:
     elif "results" in answer:
         metas = answer.get("meta") or [{}] * len(answer["results"])
         for i, (result, meta) in enumerate(zip(answer["results"], metas)):
-            lines.append(f"[{i}] " + format_embedding(result["embedding"]))
+            shown = format_embedding(result["embedding"]) if "embedding" in result else json.dumps(result)
+            lines.append(f"[{i}] " + shown)
             lines.append("    " + format_meta(meta, None))
         if round_trip_ms is not None:
             lines.append(f"{len(answer['results'])} results, round trip {round_trip_ms:.1f} ms")
@@ -90,12 +83,16 @@ def format_models(listing: dict) -> str:
     return "\n".join(lines)
 
 
-def model_task(client: Client, model: str) -> str | None:
-    """The model's task from GET /v1/models (None when it is not served)."""
+def model_listing(client: Client, model: str) -> dict | None:
+    """The model as GET /v1/models describes it (None when it is not served)."""
     for m in client.models().get("models", []):
         if m.get("name") == model:
-            return m.get("task")
+            return m
     return None
+
+
+# What one line of interactive input is, by the model's input kind (GET /v1/models).
+PROMPTS = {"image": "a path to an image file", "text": "a text", "json": "a JSON value"}
 
 
 def timed_predict(client: Client, model: str, **inputs) -> tuple[dict, float]:
@@ -105,76 +102,94 @@ def timed_predict(client: Client, model: str, **inputs) -> tuple[dict, float]:
 
 
 def one_shot(client: Client, args) -> int:
+    inputs: dict
     if args.image:
-        inputs = {"image": args.image}
+        inputs, what = {"image": args.image}, args.image
+    elif args.input:
+        values = [json.loads(v) for v in args.input]
+        inputs = {"input": values[0]} if len(values) == 1 else {"inputs": values}
+        what = args.input[0] if len(values) == 1 else f"{len(values)} inputs"
     elif len(args.text) == 1:
-        inputs = {"text": args.text[0]}
+        inputs, what = {"text": args.text[0]}, repr(args.text[0])
     else:
-        inputs = {"texts": args.text}
+        inputs, what = {"texts": args.text}, f"{len(args.text)} texts"
     answer, ms = timed_predict(client, args.model, **inputs)
     if args.json:
         print(json.dumps(answer))
     else:
-        what = args.image or (repr(args.text[0]) if len(args.text) == 1 else f"{len(args.text)} texts")
         print(f"{args.model} <- {what}\n{format_answer(answer, ms)}")
     return 0
 
 
-def interactive(client: Client, args, stdin=sys.stdin) -> int:
-    task = model_task(client, args.model)
-    if task is None:
-        print(f"no model named {args.model!r} on {client.url}", file=sys.stderr)
-        return 1
-    images = task == "image_classification"
-    kind = "a path to an image file" if images else "a text"
+def prompted_lines(prompt: str, stdin) -> Iterator[str]:
+    """Lines typed at the prompt until end of input or quit; echoed when they come from a pipe."""
     tty = stdin.isatty()
-    print(f"{args.model} ({task}) at {client.url}: type {kind} per line; 'quit' or end of input stops.",
-          flush=True)
     while True:
         if tty:
             try:
-                line = input(f"{args.model}> ")
+                line = input(prompt)
             except EOFError:
                 print()
-                return 0
+                return
         else:
-            print(f"{args.model}> ", end="", flush=True)
+            print(prompt, end="", flush=True)
             line = stdin.readline()
             if not line:
                 print()
-                return 0
+                return
             line = line.rstrip("\r\n")
             print(line)
         if line.strip() in ("quit", "exit", r"\q"):
-            return 0
-        if not line.strip():
+            return
+        if line.strip():
+            yield line
+
+
+def answer_line(client: Client, model: str, kind: str, line: str) -> tuple[dict, float] | str:
+    """The answer to one line of input, or what went wrong, as a line to print."""
+    try:
+        if kind == "image":
+            path = Path(line.strip()).expanduser()
+            if not path.is_file():
+                return f"no such file: {path}"
+            return timed_predict(client, model, image=path)
+        if kind == "json":
+            return timed_predict(client, model, input=json.loads(line))
+        return timed_predict(client, model, text=line)
+    except FunnelHTTPError as exc:
+        return describe_error(exc)
+    except OSError as exc:
+        return f"could not read {line.strip()}: {exc}"
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+
+
+def interactive(client: Client, args, stdin=sys.stdin) -> int:
+    listing = model_listing(client, args.model)
+    if listing is None:
+        print(f"no model named {args.model!r} on {client.url}", file=sys.stderr)
+        return 1
+    kind = listing.get("input_kind", "text")
+    print(f"{args.model} ({listing.get('task')}) at {client.url}: type {PROMPTS.get(kind, 'a text')} per line; "
+          f"'quit' or end of input stops.", flush=True)
+    for line in prompted_lines(f"{args.model}> ", stdin):
+        got = answer_line(client, args.model, kind, line)
+        if isinstance(got, str):
+            print(got, flush=True)
             continue
-        try:
-            if images:
-                path = Path(line.strip()).expanduser()
-                if not path.is_file():
-                    print(f"no such file: {path}", flush=True)
-                    continue
-                answer, ms = timed_predict(client, args.model, image=path)
-            else:
-                answer, ms = timed_predict(client, args.model, text=line)
-        except FunnelHTTPError as exc:
-            print(describe_error(exc), flush=True)
-            continue
-        except OSError as exc:
-            print(f"could not read {line.strip()}: {exc}", flush=True)
-            continue
+        answer, ms = got
         print(json.dumps(answer) if args.json else format_answer(answer, ms), flush=True)
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python scripts/client.py",
+        prog="funnel-client",
         description="Send an image or text to a Funnel server and print its answer.",
         epilog="examples:\n"
-               "  python scripts/client.py --model image-classifier --image cat.jpg\n"
-               "  python scripts/client.py --model text-embedding --text 'A man is eating food.'\n"
-               "  python scripts/client.py --model text-embedding --interactive\n",
+               "  funnel-client --model image-classifier --image cat.jpg\n"
+               "  funnel-client --model text-embedding --text 'A man is eating food.'\n"
+               "  funnel-client --model text-embedding --interactive\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default: $FUNNEL_URL or {DEFAULT_URL})")
     p.add_argument("--api-key", default=os.environ.get("FUNNEL_API_KEY"),
@@ -184,8 +199,12 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--image", help="image file to classify")
     source.add_argument("--text", action="append", default=[],
                         help="text to embed; give it several times for one request with many texts")
+    source.add_argument("--input", action="append", default=[],
+                        help="a JSON value, for a model whose input kind is json; give it several times "
+                             "for one request with many")
     source.add_argument("--interactive", "-i", action="store_true",
-                        help="read one text (or image path, for an image model) per line until EOF or 'quit'")
+                        help="read one input per line (a text, an image path or a JSON value, as the model "
+                             "takes) until EOF or 'quit'")
     source.add_argument("--models", action="store_true", help="list the served models and exit")
     p.add_argument("--json", action="store_true", help="print the server's JSON instead of a table")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer (default 60)")
@@ -200,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models:
         if not args.model:
             p.error("--model is required (or --models to list them)")
-        if not (args.image or args.text or args.interactive):
-            p.error("give --image, --text or --interactive")
+        if not (args.image or args.text or args.input or args.interactive):
+            p.error("give --image, --text, --input or --interactive")
     client = Client(args.url, api_key=args.api_key, timeout=args.timeout, retries=args.retries)
     try:
         if args.models:
@@ -217,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # an --image that cannot be read
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # an --input that is not JSON
+        print(f"error: --input is not JSON: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

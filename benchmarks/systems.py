@@ -1,0 +1,199 @@
+"""The systems under test: which run in each suite, and how each is started, checked and stopped.
+
+Every server is a set of subprocesses in sessions of their own on a free port of 127.0.0.1; peers
+run as `python -m benchmarks.peers.<name>` (or gunicorn apps) from the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import ROOT
+from benchmarks.payloads import Payload, check_answer, post
+from funnel.scripts.redis_local import LocalRedis, free_port
+from funnel.scripts.stack import Stack
+
+SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "funnel")
+PEERS = ("flask", "streamer", "litserve")
+LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
+    "ceiling": "in-process ceiling (no HTTP)",
+    "flask": "Flask + gunicorn -w2, no batching",
+    "streamer": "service-streamer RedisStreamer",
+    "litserve": "LitServe, batching",
+    "funnel": "Funnel (defaults)",
+}
+READY_TIMEOUT_S = 240.0
+
+
+def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
+    """(system, implementation) pairs of a suite; the ceiling once per implementation."""
+    if suite == "same":
+        return [("ceiling", backend), ("flask", backend), ("streamer", backend),
+                ("litserve", backend), ("funnel", backend)]
+    return [("ceiling", "eager"), ("ceiling", "onnx"), ("flask", "eager"), ("streamer", "eager"),
+            ("litserve", "eager"), ("funnel", "onnx")]
+
+
+@dataclass
+class Running:
+    url: str
+    groups: dict[str, list[int]]  # CPU accounting: web, model, redis -> root pids
+    stop: callable
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    stack: Stack | None = None
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+
+def peer_env(model: str, impl: str, args, extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "BENCH_"))}
+    env.update(BENCH_MODEL=model, BENCH_IMPL=impl, BENCH_STORE=args.store, BENCH_DEVICE=args.device,
+               BENCH_WEB_PROCESSES=str(args.web_processes or 0),
+               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(extra)
+    return env
+
+
+def spawn(args: list[str], env: dict, logfile: Path) -> subprocess.Popen:
+    out = open(logfile, "ab")  # the child holds it open; ours closes when the driver exits
+    # cwd: the repository root, so that `python -m benchmarks.peers.x` and gunicorn's
+    # `benchmarks.peers.x:app` import the benchmarks package from there.
+    # A session of its own: stopping signals the whole group (gunicorn workers,
+    # multiprocessing children), and nothing outside it.
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+def read_pidfile(path: Path, procs: list[subprocess.Popen], timeout_s: float = READY_TIMEOUT_S) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        dead = [p.args for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"exited before loading the model: {dead}")
+        time.sleep(0.1)
+    raise TimeoutError(f"no model process wrote {path}")
+
+
+def gunicorn(app: str, port: int, processes: int | None, extra: list[str]) -> list[str]:
+    # --no-control-socket: gunicorn 27 otherwise binds one shared ~/.gunicorn/gunicorn.ctl per user.
+    return [sys.executable, "-m", "gunicorn", "-w", str(processes or 2), "--no-control-socket", *extra,
+            "-b", f"127.0.0.1:{port}", app]
+
+
+def peer(name: str, *args: str) -> list[str]:
+    """The command line of benchmarks/peers/<name>.py, run as a module from the repository root."""
+    return [sys.executable, "-m", f"benchmarks.peers.{name}", *args]
+
+
+def start_flask(model: str, impl: str, args, workdir: Path) -> Running:
+    port = free_port()
+    web = spawn(gunicorn("benchmarks.peers.flask_app:app", port, args.web_processes, []),
+                peer_env(model, impl, args, {"BENCH_THREADS": "1"}), workdir / "flask.log")
+    return Running(f"http://127.0.0.1:{port}/predict", {"web": [web.pid]}, lambda: stop_group(web), [web])
+
+
+def start_streamer(model: str, impl: str, args, workdir: Path) -> Running:
+    redis = LocalRedis().start()
+    broker = f"127.0.0.1:{redis.port}"
+    pidfile = workdir / "streamer-model.pid"
+    pidfile.unlink(missing_ok=True)
+    env = peer_env(model, impl, args, {"BENCH_REDIS": broker, "BENCH_PIDFILE": str(pidfile)})
+    worker = spawn(peer("streamer_worker"), env, workdir / "streamer-worker.log")
+    port = free_port()
+    web = spawn(gunicorn("benchmarks.peers.streamer_web:app", port, args.web_processes, ["-k", "gevent"]),
+                env, workdir / "streamer-web.log")
+
+    def stop():
+        stop_group(web)
+        stop_group(worker)
+        redis.stop()
+
+    return Running(f"http://127.0.0.1:{port}/predict",
+                   {"web": [web.pid], "model": [worker.pid], "redis": [redis.process.pid]},
+                   stop, [web, worker])
+
+
+def start_litserve(model: str, impl: str, args, workdir: Path) -> Running:
+    port = free_port()
+    pidfile = workdir / "litserve-model.pid"
+    pidfile.unlink(missing_ok=True)
+    server = spawn(peer("litserve_app", str(port)),
+                   peer_env(model, impl, args, {"BENCH_PIDFILE": str(pidfile)}), workdir / "litserve.log")
+    running = Running(f"http://127.0.0.1:{port}/predict", {}, lambda: stop_group(server), [server])
+    try:
+        model_pid = read_pidfile(pidfile, [server])
+    except BaseException:
+        running.stop()
+        raise
+    # The inference worker is a child of the server: list it first so it is not counted as web.
+    running.groups = {"model": [model_pid], "web": [server.pid]}
+    return running
+
+
+def start_funnel(model: str, backend: str, args, workdir: Path) -> Running:
+    # What `make up` starts (funnel.scripts.stack), default settings, serving the benchmarked model only.
+    web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
+    web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
+    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / "funnel", web_env=web_env,
+                  worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device})
+    stack.start(timeout_s=READY_TIMEOUT_S)
+    return Running(f"{stack.url}/v1/models/{model}/predict",
+                   {"web": [stack.web.pid], "model": [w.pid for w in stack.workers],
+                    "redis": [stack.redis.process.pid]},
+                   stack.stop, [stack.web, *stack.workers], stack)
+
+
+STARTERS = {"flask": start_flask, "streamer": start_streamer, "litserve": start_litserve,
+            "funnel": start_funnel}
+
+
+def wait_ready(running: Running, model: str, data: Payload) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    problem = "no answer"
+    while time.monotonic() < deadline:
+        if not running.alive():
+            raise RuntimeError(f"a process exited while starting: {[p.args for p in running.procs]}")
+        try:
+            status, body = post(running.url, data, timeout=30)
+            problem = check_answer(model, status, body)
+            if problem is None:
+                return
+        except OSError as exc:
+            problem = str(exc)
+        time.sleep(0.5)
+    raise TimeoutError(f"{running.url} did not answer correctly in {READY_TIMEOUT_S:.0f} s: {problem}")

@@ -1,0 +1,110 @@
+"""The worker registry: what every worker publishes about itself in Redis, and how it is read.
+
+Each worker keeps `funnel:worker:<id>`, a hash with a heartbeat TTL, holding
+its description (INFO_FIELDS), its running totals (COUNTERS) and its
+batch-size histogram (one `batch_le_<n>` field per bucket), and lists itself
+in `funnel:workers` (id -> model) until its jobs are recovered. Workers write
+through `publish`; the web tier (/v1/models, /readyz, /metrics), `funnel
+inspect` and the workers themselves (device choice, recovery) read through
+the functions below, so the field names live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from funnel.common.keys import Keys
+
+# Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
+INFO_FIELDS = ("model", "backend", "device", "batch_size", "linger_ms", "linger_mode", "pid", "host",
+               "started", "seen")
+
+# Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
+COUNTERS = {
+    "batches": "batches run",
+    "items": "jobs answered",
+    "errors": "items answered with an error",
+    "expired": "jobs dropped past their deadline",
+    "dead": "undecodable jobs dead-lettered",
+    "recovered": "jobs of dead workers requeued",
+    "infer_seconds": "time spent in the model",
+    "wait_seconds": "time spent waiting for batches to fill",
+}
+
+# Upper bounds of the batch-size histogram's buckets.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket_field(bound: int) -> str:
+    """The hash field counting batches of size <= bound (and above the previous bound)."""
+    return f"batch_le_{bound}"
+
+
+def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str, Any], ttl_s: float) -> None:
+    """Write a worker's hash, refresh its TTL and list it, in one transaction."""
+    key = keys.worker(worker_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
+    pipe.pexpire(key, int(ttl_s * 1000))
+    pipe.hset(keys.workers(), worker_id, str(fields["model"]))
+    pipe.execute()
+
+
+def withdraw(client: redis.Redis, keys: Keys, worker_id: str) -> None:
+    """Drop a stopping worker's hash; it stays listed while it holds jobs, for recovery."""
+    client.delete(keys.worker(worker_id))
+    if not client.exists(keys.inflight(worker_id)):
+        client.hdel(keys.workers(), worker_id)
+
+
+def registered(client: redis.Redis, keys: Keys) -> dict[str, str]:
+    """Every listed worker id -> its model: live ones and dead ones not yet recovered."""
+    listed: dict[bytes, bytes] = client.hgetall(keys.workers())  # type: ignore[assignment]
+    return {w.decode(): m.decode() for w, m in listed.items()}
+
+
+def alive(client: redis.Redis, keys: Keys, worker_ids: list[str]) -> list[bool]:
+    """Whether each worker's heartbeat hash still exists, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for worker_id in worker_ids:
+        pipe.exists(keys.worker(worker_id))
+    return [bool(n) for n in pipe.execute()]
+
+
+def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
+    """Every worker whose heartbeat has not expired, as {"id", **its hash fields}, by id.
+
+    Raises redis.RedisError when Redis is unreachable: callers answer 503.
+    """
+    ids = sorted(registered(client, keys))
+    pipe = client.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hgetall(keys.worker(worker_id))
+    found = pipe.execute()
+    return [{"id": worker_id, **{k.decode(): v.decode() for k, v in info.items()}}
+            for worker_id, info in zip(ids, found) if info]
+
+
+def counter(worker: Mapping[str, str], name: str) -> float:
+    """One of a worker's COUNTERS from its hash (0 before its first heartbeat with it)."""
+    return float(worker.get(name, 0))
+
+
+def batch_histogram(worker: Mapping[str, str]) -> list[tuple[int, int]]:
+    """(bound, cumulative count of batches of at most that size) for each bucket."""
+    cumulative, out = 0, []
+    for bound in BATCH_BUCKETS:
+        cumulative += int(worker.get(bucket_field(bound), 0))
+        out.append((bound, cumulative))
+    return out
+
+
+def queue_lengths(client: redis.Redis, keys: Keys, models: list[str]) -> dict[str, int]:
+    """Jobs waiting in each model's queue, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for model in models:
+        pipe.llen(keys.queue(model))
+    return dict(zip(models, pipe.execute()))

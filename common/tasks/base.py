@@ -1,0 +1,82 @@
+"""The Task interface: what turns a request's items into tensors, and a model's rows into results.
+
+A served model is a model store folder (model.json, the exported graph, its
+files) plus a Task. One Task instance is built per served model, in the web
+tier and in each worker, from the model's spec; every hook is declared here
+once, required or with its default.
+
+The web tier never imports torch or onnxruntime: `preprocess` works with
+numpy (and Pillow, tokenizers). The worker imports only what `check`,
+`buckets`, `collate` and `postprocess` need.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from funnel.common.store import ModelSpec
+
+Inputs = dict[str, np.ndarray]
+# How a request carries its items, which decides how the web tier reads the request and how the
+# page, the client and the CLI offer the model: an image upload, JSON texts, or any JSON values.
+InputKind = Literal["image", "text", "json"]
+INPUT_KINDS: tuple[InputKind, ...] = ("image", "text", "json")
+
+
+class Task(abc.ABC):
+    """One kind of model: image classification, text embedding, or your own.
+
+    Subclasses set `input_kind`, may declare `default_limits`, and implement
+    `preprocess`, `check`, `collate` and `postprocess`.
+    """
+
+    input_kind: ClassVar[InputKind]
+    # Per-item limits the web tier enforces, name -> default. model.json's "limits" and the web's
+    # FUNNEL_LIMITS override them; GET /v1/models shows each model's.
+    default_limits: ClassVar[Mapping[str, int]] = {}
+
+    def __init__(self, spec: ModelSpec, limits: Mapping[str, int] | None = None):
+        self.spec = spec
+        configured = spec.config.get("limits", {})
+        unknown = set(configured) - set(self.default_limits)
+        if unknown:
+            raise ValueError(f"{spec.name}: model.json limits {sorted(unknown)} are not limits of "
+                             f"{type(self).__name__} (it has {sorted(self.default_limits) or 'none'})")
+        given = {k: v for k, v in (limits or {}).items() if k in self.default_limits}
+        self.limits: dict[str, int] = {**self.default_limits, **configured, **given}
+
+    # -- web side ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def preprocess(self, item: Any) -> Inputs:
+        """One request item (bytes of an image, a text, a JSON value) -> the named arrays of its job.
+
+        Raise funnel.common.errors.BadInput (400) with a clear message for an
+        item this model cannot take.
+        """
+
+    def public(self) -> dict[str, Any]:
+        """What GET /v1/models shows of this model beyond its spec, input kind and limits."""
+        return {}
+
+    # -- worker side ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def check(self, inputs: Inputs) -> None:
+        """Raise BadInput for a job whose arrays this model cannot run (a job pushed by hand)."""
+
+    def buckets(self, items: list[Inputs]) -> list[list[int]]:
+        """Split a batch into runs of item indexes (default: one run of all)."""
+        return [list(range(len(items)))]
+
+    @abc.abstractmethod
+    def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
+        """The jobs' arrays -> one batch of feeds, named as the backend's inputs."""
+
+    @abc.abstractmethod
+    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One item's row of the model's outputs -> its result (JSON-able, or numpy arrays)."""

@@ -1,0 +1,125 @@
+"""`funnel add`: put your own ONNX or TorchScript model into the model store, with its task.
+
+    funnel add NAME --task mypackage.tasks:Detector --onnx detector.onnx [--torchscript detector.pt]
+               [--file labels=labels.txt ...] [--set top_k=3 ...] [--batch-size 16]
+               [--description TEXT] [--store model_store]
+
+The task is a funnel.common.tasks.Task subclass in a package of yours,
+importable where the web tier and the workers run (or the name of a
+registered task). Its exported graph takes the arrays the task's `collate`
+gives (named as the graph's inputs) and returns outputs with one row per item.
+`--file KEY=PATH` copies a file the task reads into the folder and records it
+under KEY (the task opens it with `self.spec.file(KEY)`); `--set KEY=VALUE`
+adds a JSON value to model.json for the task to read from `self.spec.config`.
+No Funnel source changes: docs/models.md, "Adding a model", walks through one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from funnel.common import tasks
+from funnel.common.keys import check_name
+from funnel.common.store import load_spec, write_model
+
+
+def graph_names(onnx_path: Path) -> tuple[list[str], list[str]]:
+    """The ONNX graph's input and output names (what the worker feeds and reads)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+
+
+def key_values(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"funnel add: {flag} takes KEY=VALUE, not {pair!r}")
+        out[key] = value
+    return out
+
+
+def build(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Copy the model's files into folder; return its model.json."""
+    meta: dict[str, Any] = {"task": args.task, "description": args.description or args.name,
+                            "batch_size": args.batch_size}
+    if args.onnx:
+        shutil.copy(args.onnx, folder / "model.onnx")
+        meta["onnx"] = "model.onnx"
+        feeds, outputs = graph_names(folder / "model.onnx")
+    else:
+        feeds, outputs = args.feeds, args.outputs
+        if not feeds or not outputs:
+            raise SystemExit("funnel add: a TorchScript model alone needs --feeds and --outputs "
+                             "(the names of its inputs in call order, and of its outputs)")
+    if args.torchscript:
+        shutil.copy(args.torchscript, folder / "model.pt")
+        meta["torchscript"] = "model.pt"
+    meta.update(feeds=feeds, outputs=outputs)
+    for key, path in key_values(args.file, "--file").items():
+        source = Path(path)
+        if not source.is_file():
+            raise SystemExit(f"funnel add: --file {key}={path}: no such file")
+        shutil.copy(source, folder / source.name)
+        meta[key] = source.name
+    for key, value in key_values(args.set, "--set").items():
+        try:
+            meta[key] = json.loads(value)
+        except ValueError:
+            meta[key] = value  # a bare word: a string
+    return meta
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="funnel add", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("name", help="the model's name in the store and the API (letters, digits, . _ -)")
+    p.add_argument("--task", required=True, help="'package.module:Class', or a registered task name")
+    p.add_argument("--onnx", type=Path, help="the ONNX graph (served by --backend onnx, the default)")
+    p.add_argument("--torchscript", type=Path, help="the TorchScript module (served by --backend torch)")
+    p.add_argument("--feeds", type=lambda s: s.split(","), default=[],
+                   help="TorchScript only: input names in call order, comma-separated")
+    p.add_argument("--outputs", type=lambda s: s.split(","), default=[],
+                   help="TorchScript only: output names, comma-separated")
+    p.add_argument("--file", action="append", default=[], metavar="KEY=PATH",
+                   help="a file the task reads (labels, a vocabulary), copied in")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model.json field for the task (a JSON value, or a string)")
+    p.add_argument("--batch-size", type=int, default=16, help="the workers' default batch size")
+    p.add_argument("--description", default="", help="one line, shown by GET /v1/models and the page")
+    p.add_argument("--store", default="model_store", help="the model store directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        check_name(args.name)
+        tasks.task_class(args.task)  # fail here, not when the web tier starts
+    except ValueError as exc:
+        raise SystemExit(f"funnel add: {exc}") from None
+    if not (args.onnx or args.torchscript):
+        raise SystemExit("funnel add: give --onnx, --torchscript, or both")
+    for path in (args.onnx, args.torchscript):
+        if path is not None and not path.is_file():
+            raise SystemExit(f"funnel add: no such file: {path}")
+    folder = write_model(args.store, args.name, lambda tmp: build(args, tmp))
+    try:
+        task = tasks.load(load_spec(args.store, args.name))  # model.json as the tiers will read it
+    except (ValueError, KeyError) as exc:
+        shutil.rmtree(folder)
+        raise SystemExit(f"funnel add: {args.name}: {exc}") from None
+    print(f"{args.name}: added to {folder} ({type(task).__name__}, input kind {task.input_kind})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""API keys: with FUNNEL_API_KEYS set, every route but the probes, the page and the API document
+needs `Authorization: Bearer <key>`."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Flask, jsonify, request
+
+OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document")
+
+
+def install(app: Flask, api_keys: list[str]) -> None:
+    @app.before_request
+    def check_api_key():
+        if not api_keys or request.endpoint in OPEN_ENDPOINTS:
+            return None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        given = token.strip().encode()
+        # Compare against every key, always: the timing says nothing about which matched.
+        matched = False
+        for key in api_keys:
+            matched |= hmac.compare_digest(given, key.encode())
+        if scheme.lower() != "bearer" or not matched:
+            response = jsonify({"error": {"code": "unauthorized",
+                                          "message": "send a valid API key as 'Authorization: Bearer <key>'"}})
+            response.status_code = 401
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        return None

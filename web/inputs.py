@@ -1,0 +1,64 @@
+"""Reading a request's items, by the input kind of the model's task.
+
+    image  one image: multipart field `file`, or a raw image/* (or octet-stream) body
+    text   JSON {"text": "..."} or {"texts": ["...", ...]}
+    json   JSON {"input": <any JSON value>} or {"inputs": [<value>, ...]}
+
+Returns (items, single): single answers with one result at the top level,
+otherwise with "results" in request order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Request
+
+from funnel.common.errors import BadInput, UnsupportedMediaType
+from funnel.common.tasks import InputKind
+
+
+def read_items(kind: InputKind, request: Request, max_items: int) -> tuple[list[Any], bool]:
+    if kind == "image":
+        return [read_image(request)], True
+    one, many = ("text", "texts") if kind == "text" else ("input", "inputs")
+    items, single = read_json_items(request, one, many, max_items)
+    if kind == "text" and not all(isinstance(t, str) for t in items):
+        raise BadInput("every text must be a string", code="bad_json")
+    return items, single
+
+
+def read_image(request: Request) -> bytes:
+    mimetype = request.mimetype or ""
+    if mimetype == "multipart/form-data":
+        upload = request.files.get("file")
+        if upload is None:
+            raise BadInput("multipart upload needs a field named 'file'", code="missing_file")
+        data = upload.read()
+    elif mimetype.startswith("image/") or mimetype == "application/octet-stream":
+        data = request.get_data()
+    else:
+        raise UnsupportedMediaType(
+            f"send an image as multipart field 'file' or as an image/* body, not {mimetype or 'no content type'}")
+    if not data:
+        raise BadInput("the image is empty", code="empty_input")
+    return data
+
+
+def read_json_items(request: Request, one: str, many: str, max_items: int) -> tuple[list[Any], bool]:
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType(
+            f'send JSON {{"{one}": ...}} or {{"{many}": [...]}} as application/json, '
+            f"not {request.mimetype or 'no content type'}")
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise BadInput(f'body must be a JSON object {{"{one}": ...}} or {{"{many}": [...]}}', code="bad_json")
+    if (one in body) == (many in body):
+        raise BadInput(f'give exactly one of "{one}" or "{many}"', code="bad_json")
+    single = one in body
+    items = [body[one]] if single else body[many]
+    if not isinstance(items, list) or not items:
+        raise BadInput(f'"{many}" must be a non-empty list', code="bad_json")
+    if len(items) > max_items:
+        raise BadInput(f"{len(items)} {many} in one request; the limit is {max_items}", code="too_many_items")
+    return items, single
