@@ -7,6 +7,16 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
+
+# wrk drives every system; Debian packages it.
+if ! command -v wrk >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+    else
+        echo "bench install: wrk is not installed (Debian: apt-get install wrk)" >&2
+        exit 1
+    fi
+fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 versions() {

@@ -6,14 +6,18 @@ from __future__ import annotations
 class FunnelError(Exception):
     status = 400
     code = "bad_request"
+    retry_after: int | None = None  # seconds, for a 503's Retry-After (1 when not given)
 
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None):
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
+                 retry_after: int | None = None):
         super().__init__(message)
         self.message = message
         if code:
             self.code = code
         if status:
             self.status = status
+        if retry_after is not None:
+            self.retry_after = retry_after
 
     def to_json(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}

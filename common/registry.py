@@ -34,6 +34,14 @@ COUNTERS = {
     "wait_seconds": "time spent waiting for batches to fill",
 }
 
+# How long the worker's batches take lately, fitted over its recent batches (exponentially
+# weighted) as seconds(n) = item_seconds * n + batch_seconds and refreshed on every heartbeat;
+# absent until its first batch. The web tier predicts a new job's wait from them (web/shedding.py).
+COST_FIELDS = {
+    "item_seconds": "seconds each item of a batch adds",
+    "batch_seconds": "fixed seconds of one batch, whatever its size",
+}
+
 # Upper bounds of the batch-size histogram's buckets.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -91,6 +99,18 @@ def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
 def counter(worker: Mapping[str, str], name: str) -> float:
     """One of a worker's COUNTERS from its hash (0 before its first heartbeat with it)."""
     return float(worker.get(name, 0))
+
+
+def batch_cost(worker: Mapping[str, str]) -> tuple[float, float, int] | None:
+    """(item_seconds, batch_seconds, batch_size) of a worker, or None before it has timed a batch."""
+    try:
+        item_s, batch_s = (float(worker[name]) for name in COST_FIELDS)
+        size = int(worker["batch_size"])
+    except (KeyError, ValueError):
+        return None
+    if item_s < 0 or batch_s < 0 or item_s + batch_s <= 0 or size < 1:
+        return None
+    return item_s, batch_s, size
 
 
 def batch_histogram(worker: Mapping[str, str]) -> list[tuple[int, int]]:

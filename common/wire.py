@@ -115,6 +115,7 @@ class Job:
     deadline: int  # epoch ms
     enqueued: int = field(default_factory=now_ms)  # epoch ms
     attempt: int = 0
+    raw: bool = False  # answer the model's own output rows, not the task's postprocessed result
 
 
 def encode_job(job: Job) -> bytes:
@@ -122,7 +123,7 @@ def encode_job(job: Job) -> bytes:
         "v": VERSION, "id": job.id, "model": job.model,
         "inputs": {name: pack_tensor(t) for name, t in job.inputs.items()},
         "reply_to": job.reply_to, "deadline": job.deadline,
-        "enqueued": job.enqueued, "attempt": job.attempt,
+        "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw,
     })
 
 
@@ -136,6 +137,7 @@ def decode_job(data: Any) -> Job:
         inputs={name: unpack_tensor(t) for name, t in inputs.items()},
         reply_to=_field(obj, "reply_to", str), deadline=_field(obj, "deadline", int),
         enqueued=_field(obj, "enqueued", int), attempt=_field(obj, "attempt", int),
+        raw=bool(_field(obj, "raw", bool, optional=True)),  # optional: jobs of version-1 webs lack it
     )
 
 

@@ -51,16 +51,26 @@ current() {
 # `docker build` of a Dockerfile given on stdin, in a context folder. The classic
 # builder: it needs no frontend image from a registry.
 build() {
-    local tag=$1 context=$2
+    local tag=$1 context=$2 old
+    old=$("$DOCKER" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
     DOCKER_BUILDKIT=0 "$DOCKER" build --network host --label "$LABEL=$RECIPE" -t "$tag" -f - "$context" \
         >"$context/build.log" 2>&1 || { tail -30 "$context/build.log" >&2; rm -rf "$context"; exit 1; }
+    forget "$tag" "$old"
+}
+
+# The image a new one replaced, unless something still uses it.
+forget() {
+    local tag=$1 old=$2
+    if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect --format '{{.Id}}' "$tag")" ]; then
+        "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
+    fi
 }
 
 make_rootfs() {
     current "$ROOTFS_IMAGE" && return
+    local dir old
     command -v debootstrap >/dev/null || { log "needs debootstrap (apt-get install debootstrap)"; exit 1; }
     [ "$(id -u)" = 0 ] || { log "debootstrap needs root"; exit 1; }
-    local dir
     dir=$(mktemp -d /tmp/funnel-rootfs.XXXXXX)
     log "debootstrap $SUITE from $DEBIAN_MIRROR (about a minute)"
     debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
@@ -73,9 +83,11 @@ deb $DEBIAN_MIRROR $SUITE-updates main
 deb $SECURITY_MIRROR $SUITE-security main
 EOF
     rm -rf "$dir"/root/var/cache/apt/archives/*.deb "$dir"/root/var/lib/apt/lists/*
+    old=$("$DOCKER" image inspect --format '{{.Id}}' "$ROOTFS_IMAGE" 2>/dev/null || true)
     tar -C "$dir/root" --numeric-owner -c . \
         | "$DOCKER" import --change "LABEL $LABEL=$RECIPE" --change 'CMD ["bash"]' - "$ROOTFS_IMAGE" >/dev/null
     rm -rf "$dir"
+    forget "$ROOTFS_IMAGE" "$old"
     log "made $ROOTFS_IMAGE"
 }
 

@@ -20,8 +20,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from funnel.common import settings
 from funnel.common.store import list_models
+from funnel.scripts.front_door import FrontDoor, nginx_binary
 from funnel.scripts.redis_local import LocalRedis, free_port
+from funnel.web.settings import WebSettings
 
 
 def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dict:
@@ -37,8 +40,12 @@ class Stack:
                  model_store: str | Path = "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
-                 workers: list[str] | None = None):
+                 workers: list[str] | None = None, front_door: bool = False):
         self.port = port or free_port()
+        # With a front door, nginx listens on `port` and the web tier on a private one behind it.
+        self.web_port = free_port() if front_door else self.port
+        self.front_door: FrontDoor | None = None
+        self.wants_front_door = front_door
         self.model_store = str(Path(model_store).resolve())
         self.models = models or list_models(self.model_store)
         self.worker_models = self.models if workers is None else workers  # one worker each
@@ -78,9 +85,12 @@ class Stack:
     def start(self, timeout_s: float = 120.0) -> Stack:
         if self.redis:
             self.redis.start()
-        self.web = self._spawn("web", ["funnel.web"], self._env({
-            "FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.port),
-            "FUNNEL_MODELS": ",".join(self.models), **self.web_env}))
+        web_env = self._env({"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.web_port),
+                             "FUNNEL_MODELS": ",".join(self.models), **self.web_env})
+        self.web = self._spawn("web", ["funnel.web"], web_env)
+        if self.wants_front_door:
+            web = settings.load(WebSettings, [], environ=web_env)
+            self.front_door = FrontDoor(self.port, self.web_port, web.max_body_mb, web.request_timeout_s).start()
         for model in self.worker_models:
             self.start_worker(model)
         self.wait_ready(timeout_s)
@@ -118,6 +128,8 @@ class Stack:
         return {"Authorization": f"Bearer {first}"} if first else {}
 
     def stop(self) -> None:
+        if self.front_door:
+            self.front_door.stop()
         procs = [p for p in [*self.workers, self.web] if p and p.poll() is None]
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -149,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
     parser.add_argument("--backend", default=os.environ.get("FUNNEL_BACKEND", "onnx"))
     parser.add_argument("--log-dir", default=None, help="write each process's log here instead of the terminal")
+    parser.add_argument("--front-door", action=argparse.BooleanOptionalAction, default=nginx_binary() is not None,
+                        help="nginx in front of the web tier, so slow clients cannot hold its threads "
+                             "(default: on when nginx is installed)")
     args = parser.parse_args(argv)
+    if not args.front_door:
+        print("funnel up: no nginx in front (--no-front-door, or nginx not installed): clients that "
+              "send slowly can hold the web tier's threads", file=sys.stderr)
     stack = Stack(port=args.port, redis_port=args.redis_port, model_store=args.model_store,
                   redis_url=os.environ.get("FUNNEL_REDIS_URL"),
                   worker_env={"FUNNEL_BACKEND": args.backend},
-                  log_dir=Path(args.log_dir) if args.log_dir else None)
+                  log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door)
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
@@ -162,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nFunnel is ready at {stack.url}  (models: {', '.join(stack.models)}; "
               f"Redis {stack.redis_url}). Ctrl-C stops everything.\n", flush=True)
         while not stopping.wait(1.0):
-            dead = [p for p in [stack.web, *stack.workers] if p.poll() is not None]
+            dead = [p for p in [stack.web, *stack.workers, stack.front_door] if p and p.poll() is not None]
             if dead:
-                print(f"{dead[0].args} exited with {dead[0].returncode}; stopping", file=sys.stderr)
+                print(f"{getattr(dead[0], 'args', 'nginx')} exited; stopping", file=sys.stderr)
                 return 1
         return 0
     finally:

@@ -21,13 +21,14 @@ from funnel.common.registry import live_workers, queue_lengths
 from funnel.common.store import list_models, load_spec
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
-from funnel.web import auth, errors, openapi
+from funnel.web import auth, errors, openapi, v2
 from funnel.web import metrics as web_metrics
 from funnel.web.gateway import Gateway
 from funnel.web.inbox import Inbox
 from funnel.web.inputs import read_items
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.settings import WebSettings
+from funnel.web.shedding import request_timeout
 
 log = logging.getLogger("funnel.web")
 
@@ -80,7 +81,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     keys = Keys(settings.prefix)
     client = client or connect(settings.redis_url, socket_timeout=settings.request_timeout_s + 5)
     inbox = Inbox(client, keys, on_unclaimed=web_metrics.UNCLAIMED.inc) if settings.reply_inbox else None
-    gateway = Gateway(client, keys, settings.max_queue, inbox)
+    gateway = Gateway(client, keys, settings.max_queue, inbox, settings.shed, settings.hold_without_workers)
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
@@ -88,6 +89,8 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app.register_blueprint(openapi.blueprint)
     errors.install(app)
     auth.install(app, settings.api_keys)
+    app.register_blueprint(v2.create_blueprint(models, gateway, client, keys, settings.request_timeout_s,
+                                               settings.max_items, reply_error))
     web_metrics.install(app, set(models), settings.access_log)
 
     @app.get("/")
@@ -102,7 +105,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
         task = served(models, name)
         items, single = read_items(task.input_kind, request, settings.max_items)
         inputs = [task.preprocess(item) for item in items]
-        replies = gateway.submit(name, inputs, settings.request_timeout_s)
+        replies = gateway.submit(name, inputs, request_timeout(request.headers, settings.request_timeout_s))
         for reply in replies:
             web_metrics.QUEUE_WAIT.labels(name).observe(reply.queue_ms / 1000)
             web_metrics.RODE_IN.labels(name).observe(reply.batch_size)

@@ -7,7 +7,8 @@ import hmac
 
 from flask import Flask, jsonify, request
 
-OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document")
+# Probes (ours and the /v2 protocol's), the page and the API document stay open.
+OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document", "v2.live", "v2.ready")
 
 
 def install(app: Flask, api_keys: list[str]) -> None:
@@ -22,8 +23,10 @@ def install(app: Flask, api_keys: list[str]) -> None:
         for key in api_keys:
             matched |= hmac.compare_digest(given, key.encode())
         if scheme.lower() != "bearer" or not matched:
-            response = jsonify({"error": {"code": "unauthorized",
-                                          "message": "send a valid API key as 'Authorization: Bearer <key>'"}})
+            message = "send a valid API key as 'Authorization: Bearer <key>'"
+            # /v2 answers in the Open Inference Protocol's error shape, a string.
+            error = message if request.blueprint == "v2" else {"code": "unauthorized", "message": message}
+            response = jsonify({"error": error})
             response.status_code = 401
             response.headers["WWW-Authenticate"] = "Bearer"
             return response

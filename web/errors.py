@@ -16,8 +16,8 @@ def install(app: Flask) -> None:
     def funnel_error(exc: FunnelError):
         response = jsonify(exc.to_json())
         response.status_code = exc.status
-        if exc.status == 503:
-            response.headers["Retry-After"] = "1"
+        if exc.status == 503:  # when to come back: the shedder's estimate, else a second
+            response.headers["Retry-After"] = str(max(1, int(exc.retry_after or 1)))
         return response
 
     @app.errorhandler(redis.RedisError)

@@ -46,7 +46,7 @@ def install(app: Flask, models: set[str], log_requests: bool) -> None:
 
     @app.after_request
     def count_request(response):
-        if request.endpoint == "predict":
+        if request.endpoint in ("predict", "v2.infer"):  # /v1 and /v2 requests alike
             name = (request.view_args or {}).get("name")
             model = name if name in models else "unknown"
             # A request refused by an earlier hook (no API key) never started the clock.

@@ -17,6 +17,10 @@ class WebSettings(SharedSettings):
     models: list[str] = setting([], "models to serve, comma-separated (default: all in the store)")
     request_timeout_s: float = setting(30.0, "deadline of one request, queueing included")
     max_queue: int = setting(0, "answer 503 when a model's queue is this long (0: no limit)")
+    shed: bool = setting(True, "answer 503 at once, with Retry-After, when a request's predicted wait "
+                         "(queue, in-flight jobs, the workers' recent batch timings) is past its deadline")
+    hold_without_workers: bool = setting(False, "queue requests for a model with no live worker until their "
+                                         "deadline (scale from zero) instead of answering 503 at once")
     max_body_mb: float = setting(20.0, "largest request body, in MiB")
     max_items: int = setting(64, "most items (texts, inputs) in one request")
     limits: list[str] = setting([], "task limits to override, name=value comma-separated, e.g. "

@@ -75,7 +75,8 @@ def _infer(jobs: list[Job], task: Task, backend: Backend) -> list[dict]:
     for group in task.buckets(inputs):
         feeds = task.collate([inputs[i] for i in group])
         for i, row in zip(group, split(backend.run(feeds), len(group))):
-            results[i] = task.postprocess(row)
+            # A raw job (the /v2 protocol's tensors) wants the model's own rows.
+            results[i] = row if jobs[i].raw else task.postprocess(row)
     return results  # type: ignore[return-value]
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from funnel.common.registry import BATCH_BUCKETS, COUNTERS, bucket_field
+from funnel.common.registry import BATCH_BUCKETS, COST_FIELDS, COUNTERS, bucket_field
+from funnel.worker.linger import CostModel
 
 
 class Stats:
@@ -18,6 +19,7 @@ class Stats:
         self._lock = threading.Lock()  # the heartbeat thread reads while the loop writes
         self.totals: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self.batch_sizes = [0] * len(BATCH_BUCKETS)  # per bucket, not cumulative
+        self.cost = CostModel(decay=0.9)  # seconds(n) = a·n + b over recent batches: the registry's COST_FIELDS
 
     def add(self, **increments: float) -> None:
         with self._lock:
@@ -33,6 +35,8 @@ class Stats:
             self.totals["errors"] += errors
             self.totals["infer_seconds"] += infer_s
             self.totals["wait_seconds"] += wait_s
+            if size and infer_s > 0:  # not a batch whose every job failed its check
+                self.cost.add(size, infer_s)
             for i, bound in enumerate(BATCH_BUCKETS):
                 if size <= bound:
                     self.batch_sizes[i] += 1
@@ -44,4 +48,6 @@ class Stats:
             out = {name: repr(round(v, 6)) if isinstance(v, float) else str(int(v))
                    for name, v in self.totals.items()}
             out.update({bucket_field(b): str(n) for b, n in zip(BATCH_BUCKETS, self.batch_sizes)})
+            if self.cost.sw:
+                out.update(zip(COST_FIELDS, (repr(round(v, 6)) for v in self.cost.fit())))
         return out

@@ -13,7 +13,7 @@ numpy (and Pillow, tokenizers). The worker imports only what `check`,
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -62,6 +62,14 @@ class Task(abc.ABC):
     def public(self) -> dict[str, Any]:
         """What GET /v1/models shows of this model beyond its spec, input kind and limits."""
         return {}
+
+    def output_shapes(self) -> dict[str, list[int]]:
+        """The shape of each model output per item (-1 where it varies), for tensor protocols (/v2)."""
+        return {name: [-1] for name in self.spec.config.get("outputs", [])}
+
+    def class_labels(self) -> Sequence[str] | None:
+        """Names of the output's classes, for the /v2 classification extension (None: indexes only)."""
+        return None
 
     # -- worker side ---------------------------------------------------------
 

@@ -27,6 +27,12 @@ class ImageClassification(Task):
     def public(self) -> dict[str, Any]:
         return {"preprocess": self.spec.config["preprocess"], "top_k": self.top_k}
 
+    def output_shapes(self) -> dict[str, list[int]]:
+        return {"probabilities": [len(self.labels)]}
+
+    def class_labels(self) -> tuple[str, ...]:
+        return self.labels
+
     # -- worker side ---------------------------------------------------------
 
     @property

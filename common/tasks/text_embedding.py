@@ -46,6 +46,9 @@ class TextEmbedding(Task):
     def public(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "dim": self.spec.config.get("dim")}
 
+    def output_shapes(self) -> dict[str, list[int]]:
+        return {"embedding": [int(self.spec.config.get("dim", -1))]}
+
     # -- worker side ---------------------------------------------------------
 
     def check(self, inputs: Inputs) -> None:

@@ -18,7 +18,9 @@ def stack(model_store, tmp_path_factory):
     """Both models served, but no image worker: image jobs wait until a test starts one."""
     with Stack(model_store=model_store, workers=["text-embedding"],
                log_dir=tmp_path_factory.mktemp("overload"),
-               web_env={"FUNNEL_MAX_QUEUE": "4", "FUNNEL_REQUEST_TIMEOUT_S": "2"}) as running:
+               # Held, not shed: these tests need image jobs queued while no image worker runs.
+               web_env={"FUNNEL_MAX_QUEUE": "4", "FUNNEL_REQUEST_TIMEOUT_S": "2",
+                        "FUNNEL_HOLD_WITHOUT_WORKERS": "1"}) as running:
         yield running
 
 

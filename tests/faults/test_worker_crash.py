@@ -58,7 +58,7 @@ def test_kill_the_only_worker_then_start_another(model_store, tmp_path, expected
     with text_stack(model_store, tmp_path, FUNNEL_REQUEST_TIMEOUT_S="30") as stack:
         victim = stack.start_worker(TEXT, FUNNEL_WORKER_ID="only", FUNNEL_LINGER_MS="5000",
                                     FUNNEL_BATCH_SIZE="64")
-        stack.wait_ready(60)
+        stack.wait_ready(60, expected={TEXT: 1})
         client = redis.Redis.from_url(stack.redis_url)
         with load_running(stack, batch, expected, 40, timeout_s=60) as outcome:
             wait_for(lambda: client.llen("funnel:inflight:only") == len(batch), what="all jobs taken")
@@ -80,7 +80,7 @@ def test_sigterm_mid_batch_answers_the_batch_and_exits_0(model_store, tmp_path, 
     with text_stack(model_store, tmp_path) as stack:
         worker = stack.start_worker(TEXT, FUNNEL_WORKER_ID="graceful", FUNNEL_LINGER_MS="10000",
                                     FUNNEL_BATCH_SIZE="64")
-        stack.wait_ready(60)
+        stack.wait_ready(60, expected={TEXT: 1})
         client = redis.Redis.from_url(stack.redis_url)
         with load_running(stack, batch, expected, 12, timeout_s=30) as outcome:
             wait_for(lambda: client.llen("funnel:inflight:graceful") == len(batch), what="batch taken")

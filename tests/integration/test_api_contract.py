@@ -59,7 +59,9 @@ def api_schema(stack):
     @schema.hook
     def before_generate_path_parameters(context, strategy):
         # Half the generated predicts go to a served model, so their bodies reach the task's parser.
-        return st.one_of(st.sampled_from(MODELS).map(lambda name: {"name": name}), strategy)
+        # Other path parameters (a /v2 version) keep their generated values.
+        served = st.tuples(strategy, st.sampled_from(MODELS)).map(lambda pair: {**(pair[0] or {}), "name": pair[1]})
+        return st.one_of(served, strategy)
 
     return schema
 
@@ -162,7 +164,8 @@ def test_overload_and_deadline_answers_match_the_documented_schemas(model_store,
     """No worker, a queue of one and a half-second deadline: the first request times out (504)
     and leaves its job queued, so the next one finds the queue full (503)."""
     with Stack(model_store=model_store, log_dir=tmp_path, workers=[],
-               web_env={"FUNNEL_MAX_QUEUE": "1", "FUNNEL_REQUEST_TIMEOUT_S": "0.5"}) as bare:
+               web_env={"FUNNEL_MAX_QUEUE": "1", "FUNNEL_REQUEST_TIMEOUT_S": "0.5",
+                        "FUNNEL_HOLD_WITHOUT_WORKERS": "1"}) as bare:
         api_schema = schemathesis.openapi.from_url(f"{bare.url}/openapi.json", timeout=10)
         text = {"body": {"text": "nobody will answer"}, "media_type": "application/json"}
         assert validate(api_schema, PREDICT, "text-embedding", headers={}, **text) == 504

@@ -102,7 +102,7 @@ def test_a_worker_whose_heartbeat_lapsed_leaves_the_list(loaded):
 def idle(model_store, tmp_path_factory):
     """No image worker: image jobs stay queued for inspection."""
     with Stack(model_store=model_store, workers=[TEXT], log_dir=tmp_path_factory.mktemp("idle"),
-               web_env={"FUNNEL_REQUEST_TIMEOUT_S": "1"}) as running:
+               web_env={"FUNNEL_REQUEST_TIMEOUT_S": "1", "FUNNEL_HOLD_WITHOUT_WORKERS": "1"}) as running:
         yield running
 
 

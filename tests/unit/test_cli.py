@@ -42,6 +42,8 @@ def test_nothing_edits_sys_path():
     offenders = []
     for folder in ("common", "web", "worker", "scripts", "client", "benchmarks", "tests"):
         for path in (ROOT / folder).rglob("*.py"):
+            if path == Path(__file__):  # this test names what it looks for
+                continue
             text = path.read_text()
             if "sys.path.insert" in text or "sys.path.append" in text or "sys.path[0] =" in text:
                 offenders.append(str(path.relative_to(ROOT)))

@@ -1,0 +1,111 @@
+"""nginx in front of the web tier for `funnel up`: slow and idle clients cost nginx, not gunicorn.
+
+gunicorn's gthread worker hands a connection to a thread as soon as its first
+bytes arrive, and the thread then waits for the rest: a few hundred clients
+that send half a header hold every thread. nginx (Debian's package,
+requirements/apt.txt) reads each request whole, with header and body
+timeouts, before passing it on; the web tier then binds a private port on
+127.0.0.1. The server block is web/nginx/funnel.conf.template, the same file
+the Compose file's nginx service renders.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from string import Template
+
+import funnel.web
+
+TEMPLATE = Path(funnel.web.__file__).parent / "nginx" / "funnel.conf.template"
+WORKER_CONNECTIONS = 4096  # per nginx worker: idle clients past this wait in the listen backlog
+
+MAIN_CONF = """\
+# Written by `funnel up` (scripts/front_door.py); the server block is funnel.conf.
+$user
+worker_processes 1;
+worker_rlimit_nofile $files;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections $connections; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    include $dir/funnel.conf;
+}
+"""
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+def render(listen: str, upstream: str, max_body_mb: float, timeout_s: float) -> str:
+    """The server block, as the Compose file's nginx renders it from the same template."""
+    return Template(TEMPLATE.read_text()).safe_substitute(
+        FUNNEL_LISTEN=listen, FUNNEL_UPSTREAM=upstream, FUNNEL_PROXY_BODY_MB=str(int(max_body_mb) + 1),
+        FUNNEL_PROXY_TIMEOUT_S=str(int(timeout_s) + 10))
+
+
+class FrontDoor:
+    """An nginx process listening on `port`, proxying to the web tier on `upstream_port`."""
+
+    def __init__(self, port: int, upstream_port: int, max_body_mb: float = 20.0, timeout_s: float = 30.0,
+                 host: str = "127.0.0.1"):
+        binary = nginx_binary()
+        if binary is None:
+            raise FileNotFoundError("nginx is not installed (Debian: apt-get install nginx)")
+        self.binary, self.port, self.host = binary, port, host
+        self.dir = Path(tempfile.mkdtemp(prefix="funnel-nginx-"))
+        (self.dir / "funnel.conf").write_text(
+            render(f"{host}:{port}", f"127.0.0.1:{upstream_port}", max_body_mb, timeout_s))
+        root = os.geteuid() == 0
+        if root:  # nginx's workers drop to nobody, and must still write their temporary files
+            self.dir.chmod(0o777)
+        files = 2 * WORKER_CONNECTIONS + 64
+        (self.dir / "nginx.conf").write_text(Template(MAIN_CONF).substitute(
+            user="user nobody nogroup;" if root else "", dir=self.dir, files=files,
+            connections=WORKER_CONNECTIONS))
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 10.0) -> FrontDoor:
+        check = subprocess.run([self.binary, "-t", "-q", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx refused its configuration: {check.stderr.strip()}")
+        self.process = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while not (self.dir / "nginx.pid").exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nginx exited with {self.process.returncode}: {self.error_log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("nginx did not start")
+            time.sleep(0.02)
+        return self
+
+    def error_log(self) -> str:
+        path = self.dir / "error.log"
+        return path.read_text()[-2000:] if path.exists() else ""
+
+    def poll(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: fast shutdown
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

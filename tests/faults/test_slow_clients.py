@@ -1,0 +1,91 @@
+"""1,000 clients that dribble their headers or bodies cannot starve the web tier behind its front door.
+
+`funnel up` starts nginx in front of gunicorn (scripts/front_door.py). Here a
+stack started the same way holds 1,000 connections open on 127.0.0.1, half
+stopped in the middle of their headers, half having sent 4 bytes of a
+100-byte body, and normal requests are still answered in about their usual
+time; nginx then closes the slow ones itself (client_header_timeout /
+client_body_timeout, 10 s).
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import statistics
+import time
+
+import pytest
+
+from funnel.scripts.front_door import nginx_binary
+from funnel.scripts.stack import Stack
+from tests.conftest import http
+from tests.faults.conftest import FAULT_TABLE, Outcome, wait_for
+
+TEXT = "text-embedding"
+SLOW_CLIENTS = 1000
+
+pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (requirements/apt.txt)")
+
+
+@pytest.fixture(scope="module")
+def stack(model_store):
+    with Stack(model_store=model_store, models=[TEXT], front_door=True) as running:
+        yield running
+
+
+def timed_request(stack) -> tuple[int, float]:
+    started = time.monotonic()
+    status, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/predict",
+                           json_body={"text": "A man is eating food."}, timeout=30)
+    assert status != 200 or len(body["embedding"]) == 384
+    return status, time.monotonic() - started
+
+
+def open_slow_clients(port: int, count: int) -> list[socket.socket]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+    head = f"POST /v1/models/{TEXT}/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+    sockets = []
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:  # the whole header, announcing a body it never sends
+            sock.sendall(head + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"te")
+        else:  # half a header, then nothing
+            sock.sendall(head + b"Content-Ty")
+        sockets.append(sock)
+    return sockets
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) is not None  # b"" (closed) or nginx's 408 answer
+    except (TimeoutError, BlockingIOError):
+        return False
+    except OSError:
+        return True
+
+
+def test_slow_clients_do_not_starve_normal_requests(stack):
+    before = [timed_request(stack)[1] for _ in range(5)]
+    sockets = open_slow_clients(stack.port, SLOW_CLIENTS)
+    outcome = Outcome()
+    try:
+        during = []
+        for _ in range(20):
+            status, seconds = timed_request(stack)
+            outcome.add(status, seconds)
+            during.append(seconds)
+        assert outcome.ok == 20, outcome.statuses
+        usual, now = statistics.median(before), statistics.median(during)
+        print(f"\nnormal request with {SLOW_CLIENTS} slow clients open: median {now * 1000:.0f} ms "
+              f"(before: {usual * 1000:.0f} ms), slowest {max(during) * 1000:.0f} ms")
+        assert now < max(5 * usual, 0.5), (usual, now)
+        # Past the timeouts nginx closes them: the slow clients cost nothing for long.
+        wait_for(lambda: all(closed_by_server(s) for s in sockets), timeout_s=30, what="slow clients cut off")
+    finally:
+        for sock in sockets:
+            sock.close()
+    FAULT_TABLE.append((f"{SLOW_CLIENTS} slow clients open, 20 normal requests", outcome, 0))

@@ -1,0 +1,161 @@
+"""Load shedding by predicted wait: the estimate, the deadline header, the cached worker view, the push script."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from funnel.common import registry
+from funnel.common.errors import BadInput, Overloaded, Unavailable
+from funnel.web import shedding
+from funnel.web.gateway import Gateway
+from funnel.web.shedding import WorkerView, capacity, request_timeout, retry_after_s
+from funnel.worker.stats import Stats
+
+MODEL = "image-classifier"
+
+
+def worker(worker_id: str, item_s: float | None = 0.01, batch_s: float = 0.02, size: int = 16,
+           model: str = MODEL) -> dict[str, str]:
+    fields = {"id": worker_id, "model": model, "batch_size": str(size)}
+    if item_s is not None:
+        fields.update(item_seconds=repr(item_s), batch_seconds=repr(batch_s))
+    return fields
+
+
+def test_the_deadline_header_is_capped_and_checked():
+    assert request_timeout({}, 30) == 30
+    assert request_timeout({"X-Request-Timeout": "2.5"}, 30) == 2.5
+    assert request_timeout({"X-Request-Timeout": "600"}, 30) == 30
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        with pytest.raises(BadInput) as caught:
+            request_timeout({"X-Request-Timeout": bad}, 30)
+        assert caught.value.code == "bad_timeout"
+
+
+def test_capacity_sums_the_workers_rates():
+    one = capacity([worker("a")], MODEL)
+    assert one.rate == pytest.approx(16 / (0.01 * 16 + 0.02))
+    two = capacity([worker("a"), worker("b"), worker("c", model="other")], MODEL)
+    assert two.workers == ("a", "b") and two.rate == pytest.approx(2 * one.rate)
+    # A worker that has not timed a batch yet counts as the mean of the others.
+    assert capacity([worker("a"), worker("new", item_s=None)], MODEL).rate == pytest.approx(two.rate)
+    assert not capacity([worker("new", item_s=None)], MODEL).known
+    assert capacity([], MODEL).workers == ()
+
+
+def test_the_wait_grows_with_the_work_ahead_and_is_never_below_one_batch():
+    cap = capacity([worker("a")], MODEL)
+    one_batch = (0.01 * 1 + 0.02) * shedding.SAFETY + shedding.OVERHEAD_S
+    assert cap.wait_s(0, 1) == pytest.approx(one_batch)
+    waits = [cap.wait_s(ahead, 1) for ahead in (0, 16, 160, 1600)]
+    assert waits == sorted(waits) and waits[-1] == pytest.approx(1601 / cap.rate * shedding.SAFETY
+                                                                  + shedding.OVERHEAD_S)
+    assert [retry_after_s(w) for w in (0.2, 1.0, 1.01, 7.5, 1e9)] == [1, 1, 2, 8, shedding.MAX_RETRY_AFTER_S]
+
+
+def test_the_worker_publishes_its_batch_cost():
+    stats = Stats()
+    assert not set(registry.COST_FIELDS) & set(stats.fields())  # nothing before a batch
+    for size in (1, 4, 16, 16, 8):
+        stats.batch(size, 0, 0.005 * size + 0.02, 0.0)
+    fields = {**stats.fields(), "batch_size": "16"}
+    item_s, batch_s, size = registry.batch_cost(fields)
+    assert item_s == pytest.approx(0.005, rel=1e-3) and batch_s == pytest.approx(0.02, rel=1e-3) and size == 16
+    assert registry.batch_cost({"batch_size": "16"}) is None
+
+
+def test_the_worker_view_reads_the_registry_once_per_refresh(monkeypatch):
+    reads, now = [], [0.0]
+
+    def live_workers(client, keys):
+        reads.append(now[0])
+        return [worker("a")] if now[0] >= 5 else []
+
+    monkeypatch.setattr(registry, "live_workers", live_workers)
+    view = WorkerView(None, None, refresh_s=1.0, clock=lambda: now[0])
+    assert view.capacity(MODEL).workers == () and len(reads) == 1
+    view.capacity(MODEL)
+    assert len(reads) == 1  # no worker: re-read, but not more than every EMPTY_REFRESH_S
+    now[0] = 5.0
+    assert view.capacity(MODEL).workers == ("a",) and len(reads) == 2  # a new worker is seen at once
+    for t in (5.1, 5.5, 5.9):
+        now[0] = t
+        view.capacity(MODEL)
+    assert len(reads) == 2
+    now[0] = 6.0
+    view.capacity(MODEL)
+    assert len(reads) == 3
+    assert view.recently_served(MODEL)
+    now[0] = 6.0 + shedding.NO_WORKER_GRACE_S
+    assert not view.recently_served(MODEL)
+
+
+# -- the gateway against a real Redis ------------------------------------------------------
+
+
+def publish(client, keys, worker_id, **cost):
+    registry.publish(client, keys, worker_id, worker(worker_id, **cost), ttl_s=30)
+
+
+def pixels(n=1):
+    return [{"pixels": np.zeros((2, 2, 3), np.uint8)} for _ in range(n)]
+
+
+def test_no_live_worker_is_503_at_once_unless_held(redis_client, keys):
+    gateway = Gateway(redis_client, keys)
+    with pytest.raises(Unavailable) as caught:
+        gateway.submit(MODEL, pixels(), 0.2)
+    assert caught.value.code == "no_worker" and caught.value.retry_after == shedding.NO_WORKER_RETRY_AFTER_S
+    assert redis_client.llen(keys.queue(MODEL)) == 0
+    held = Gateway(redis_client, keys, hold_without_workers=True)
+    with pytest.raises(Exception) as timed_out:
+        held.submit(MODEL, pixels(), 0.2)
+    assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 1
+
+
+def test_a_wait_past_the_deadline_is_refused_before_it_is_queued(redis_client, keys):
+    publish(redis_client, keys, "w1", item_s=0.01, batch_s=0.02)  # about 89 items/s
+    gateway = Gateway(redis_client, keys)
+    cap = gateway.workers.capacity(MODEL)
+    redis_client.lpush(keys.queue(MODEL), *[b"x"] * 300)  # about 3.4 s of work
+    redis_client.lpush(keys.inflight("w1"), *[b"y"] * 16)
+    with pytest.raises(Overloaded) as caught:
+        gateway.submit(MODEL, pixels(), 2.0)
+    expected = cap.wait_s(316, 1)
+    assert caught.value.retry_after == retry_after_s(expected) and f"{expected:.1f} s" in caught.value.message
+    assert redis_client.llen(keys.queue(MODEL)) == 300  # never queued
+    # A longer deadline is let in (and times out here, nobody works).
+    with pytest.raises(Exception) as timed_out:
+        gateway.submit(MODEL, pixels(), expected + 0.3)
+    assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 301
+    # Turned off, nothing is refused by estimate.
+    off = Gateway(redis_client, keys, shed=False)
+    with pytest.raises(Exception) as late:
+        off.submit(MODEL, pixels(), 0.1)
+    assert late.value.status == 504
+
+
+def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
+    publish(redis_client, keys, "w1", item_s=0.004, batch_s=0.03)
+    gateway = Gateway(redis_client, keys)
+    cap = gateway.workers.capacity(MODEL)
+    for ahead in (0, 5, 40, 200):
+        redis_client.delete(keys.queue(MODEL))
+        if ahead:
+            redis_client.lpush(keys.queue(MODEL), *[b"x"] * ahead)
+        wait = cap.wait_s(ahead, 2)
+        for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
+            args = [0, 1, budget, *cap.script_args(), b"j1", b"j2"]
+            outcome, _ = gateway._push(keys=[keys.queue(MODEL), keys.inflight("w1")], args=args)
+            assert (outcome == 1) == admitted, (ahead, budget, wait)
+            if admitted:
+                redis_client.ltrim(keys.queue(MODEL), 2, -1)
+
+
+def test_a_full_queue_says_when_it_drains(redis_client, keys):
+    publish(redis_client, keys, "w1", item_s=0.01, batch_s=0.02)
+    redis_client.lpush(keys.queue(MODEL), *[b"x"] * 4)
+    with pytest.raises(Overloaded) as caught:
+        Gateway(redis_client, keys, max_queue=4).submit(MODEL, pixels(), 30)
+    assert caught.value.code == "overloaded" and caught.value.retry_after == 1

@@ -1,0 +1,151 @@
+"""Load shedding by predicted wait: answer 503 at once what the queue cannot serve in time.
+
+Each web process keeps a view of the live workers of every model, read from
+the registry (common/registry.py) at most once per REFRESH_S, never per
+request. From each worker's recent batch cost, seconds(n) = a·n + b, and its
+batch size B, the model's throughput when busy is
+
+    rate = sum over its live workers of B / (a·B + b)        (items per second)
+
+and a request of n items that finds `ahead` jobs queued or in the workers'
+hands is predicted to be answered after
+
+    wait = max((ahead + n) / rate, a·k + b) · SAFETY + OVERHEAD_S,   k = min(B, ahead + n)
+
+(the backlog drained at full batches, but never less than one batch holding
+it). The gateway's push script (web/gateway.py) reads the queue and in-flight
+lengths, computes the same wait and pushes only if it fits the request's
+remaining deadline, in the one round trip a request already made. A request
+turned away is told to come back once the work ahead of it is done:
+Retry-After = ceil(wait). A model with no live worker answers 503 at once,
+unless FUNNEL_HOLD_WITHOUT_WORKERS holds its requests (scale from zero).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+
+from funnel.common import registry
+from funnel.common.errors import BadInput
+from funnel.common.keys import Keys
+
+REFRESH_S = 1.0  # how stale a process's view of the workers may be
+EMPTY_REFRESH_S = 0.1  # when it shows no worker for a model: a new worker is seen this soon
+SAFETY = 1.2  # the workers' timings cover inference only: taking, decoding and replying add some
+OVERHEAD_S = 0.02  # the reply's way back to the client
+MAX_RETRY_AFTER_S = 300
+NO_WORKER_RETRY_AFTER_S = 5  # a worker starting loads its model in a few seconds
+# A model this process saw served this recently is not refused for want of a worker: a Redis
+# restart empties the registry until each worker's next heartbeat (FUNNEL_HEARTBEAT_TTL_S / 3).
+NO_WORKER_GRACE_S = 10.0
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def request_timeout(headers, cap_s: float) -> float:
+    """The request's deadline in seconds: X-Request-Timeout if given, never over FUNNEL_REQUEST_TIMEOUT_S."""
+    given = headers.get(TIMEOUT_HEADER)
+    if given is None:
+        return cap_s
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise BadInput(f"{TIMEOUT_HEADER} must be a positive number of seconds, not {given[:40]!r}",
+                       code="bad_timeout")
+    return min(seconds, cap_s)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a model's live workers can do, as one process last read it from the registry."""
+
+    workers: tuple[str, ...]  # live worker ids (their in-flight lists count as work ahead)
+    rate: float = 0.0  # items per second at full batches; 0: no worker has timed a batch yet
+    item_s: float = 0.0  # a, averaged over the workers that have timed batches
+    batch_s: float = 0.0  # b, likewise
+    batch_size: int = 1  # B, likewise
+
+    @property
+    def known(self) -> bool:
+        return self.rate > 0
+
+    def wait_s(self, ahead: int, n: int) -> float:
+        """Predicted seconds until a request of n items, behind `ahead` jobs, is answered."""
+        k = min(self.batch_size, ahead + n)
+        return max((ahead + n) / self.rate, self.item_s * k + self.batch_s) * SAFETY + OVERHEAD_S
+
+    def script_args(self) -> list[str]:
+        """The estimate's parameters for the push script (which computes wait_s in Lua)."""
+        return [repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size, SAFETY, OVERHEAD_S)]
+
+
+def capacity(workers: list[dict[str, str]], model: str) -> Capacity:
+    """A model's Capacity from the registry's live workers."""
+    mine = [w for w in workers if w.get("model") == model]
+    costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
+    if not costs:
+        return Capacity(tuple(w["id"] for w in mine))
+    # A worker not timed yet (just started) is assumed as fast as the mean of the others.
+    rates = [size / (item_s * size + batch_s) for item_s, batch_s, size in costs]
+    mean = len(costs)
+    return Capacity(tuple(w["id"] for w in mine), rate=sum(rates) / mean * len(mine),
+                    item_s=sum(c[0] for c in costs) / mean, batch_s=sum(c[1] for c in costs) / mean,
+                    batch_size=max(1, round(sum(c[2] for c in costs) / mean)))
+
+
+def retry_after_s(wait_s: float) -> int:
+    """Retry-After for a request turned away: when the work ahead of it should be done."""
+    return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait_s)))
+
+
+class WorkerView:
+    """The live workers of every model, read from the registry at most every REFRESH_S per process.
+
+    Costs two round trips per refresh (the worker list, then their hashes in one
+    pipeline), shared by all of the process's requests. Thread-safe: one thread
+    refreshes while the others keep using the last view.
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys, refresh_s: float = REFRESH_S,
+                 clock=time.monotonic):
+        self.client, self.keys, self.refresh_s, self.clock = client, keys, refresh_s, clock
+        self._workers: list[dict[str, str]] | None = None
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+        self._served_at: dict[str, float] = {}  # model -> when this process last saw a live worker of it
+
+    def recently_served(self, model: str) -> bool:
+        """Whether a live worker of the model was seen within NO_WORKER_GRACE_S."""
+        return self.clock() - self._served_at.get(model, -math.inf) < NO_WORKER_GRACE_S
+
+    def capacity(self, model: str) -> Capacity:
+        found = self._capacity(model)
+        if found.workers:
+            self._served_at[model] = self.clock()
+        return found
+
+    def _capacity(self, model: str) -> Capacity:
+        now = self.clock()
+        if self._workers is not None:
+            last = capacity(self._workers, model)
+            if now - self._read_at < (self.refresh_s if last.workers else EMPTY_REFRESH_S):
+                return last
+            # Stale: one thread re-reads while the others go on with the last view, unless it
+            # shows no worker for this model (then they wait for the fresh one).
+            if not self._lock.acquire(blocking=not last.workers):
+                return last
+        else:
+            self._lock.acquire()
+        try:
+            if self._read_at <= now:  # nobody refreshed it while this thread waited
+                self._workers = registry.live_workers(self.client, self.keys)
+                self._read_at = self.clock()
+            return capacity(self._workers or [], model)
+        finally:
+            self._lock.release()
