@@ -28,8 +28,35 @@ class Keys:
         return f"{self.prefix}:reply:{check_name(job_id)}"
 
     def is_reply(self, key: str) -> bool:
+        """A key a worker may answer to: a reply list, or a bulk job's results hash."""
         head = f"{self.prefix}:reply:"
-        return key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))
+        return (key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))) or bool(
+            self.job_of_results(key))
+
+    def bulk(self, model: str) -> str:
+        """List of msgpack jobs that are items of async and bulk jobs: taken after the interactive queue."""
+        return f"{self.prefix}:bulk:{check_name(model)}"
+
+    def job(self, job_id: str) -> str:
+        """Hash: one async or bulk job's record (common/jobs.py), with a TTL."""
+        return f"{self.prefix}:job:{check_name(job_id)}"
+
+    def job_results(self, job_id: str) -> str:
+        """Hash: item index -> msgpack reply, the reply_to of every item of the job; same TTL as the job."""
+        return f"{self.prefix}:job:{check_name(job_id)}:results"
+
+    def job_of_results(self, key: str) -> str:
+        """The job id whose results hash this key is, else ""."""
+        head, tail = f"{self.prefix}:job:", ":results"
+        if key.startswith(head) and key.endswith(tail):
+            job_id = key[len(head):-len(tail)]
+            if NAME_PATTERN.match(job_id):
+                return job_id
+        return ""
+
+    def idempotency(self, model: str, digest: str) -> str:
+        """String: the job id an Idempotency-Key (its SHA-256, hex) created for a model, with the job's TTL."""
+        return f"{self.prefix}:idempotency:{check_name(model)}:{check_name(digest)}"
 
     def inflight(self, worker_id: str) -> str:
         """Jobs one worker holds between taking and answering them."""
@@ -65,6 +92,7 @@ class Keys:
 
     def pattern(self, kind: str) -> str:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ..."""
-        if kind not in ("queue", "reply", "inflight", "recovering", "worker", "dead"):
+        if kind not in ("queue", "bulk", "reply", "inflight", "recovering", "worker", "dead", "job",
+                        "idempotency"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"

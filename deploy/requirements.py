@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+
 import tomllib
 
 

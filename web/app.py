@@ -21,7 +21,7 @@ from funnel.common.registry import live_workers, queue_lengths
 from funnel.common.store import list_models, load_spec
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
-from funnel.web import auth, errors, openapi, v2
+from funnel.web import auth, errors, jobs, openapi, v2
 from funnel.web import metrics as web_metrics
 from funnel.web.gateway import Gateway
 from funnel.web.inbox import Inbox
@@ -92,6 +92,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app.register_blueprint(v2.create_blueprint(models, gateway, client, keys, settings.request_timeout_s,
                                                settings.max_items, reply_error))
     web_metrics.install(app, set(models), settings.access_log)
+    jobs.install(app, models, client, keys, settings)  # after auth: its before_request answers async predicts
 
     @app.get("/")
     def index():

@@ -75,7 +75,8 @@ class Gateway:
                 for job_id, item, to in zip(ids, inputs, reply_to)]
         estimate = self.shed and capacity.known
         keys = [self.keys.queue(model), *(map(self.keys.inflight, capacity.workers) if estimate else ())]
-        args = [self.max_queue, int(estimate), timeout_s, *capacity.script_args(), *map(encode_job, jobs)]
+        args: list[bytes | str | int | float] = [self.max_queue, int(estimate), timeout_s,
+                                                 *capacity.script_args(), *map(encode_job, jobs)]
         try:
             outcome, count = self._push(keys=keys, args=args)
             if outcome == 0:

@@ -32,6 +32,11 @@ class WebSettings(SharedSettings):
     worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
                                 "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
     threads: int = setting(64, "threads per gunicorn process (each waits on one request)")
+    job_ttl_s: int = setting(86400, "seconds an async or bulk job and its results are kept after its last "
+                             "progress (submit, or an item answered); then GET answers 410")
+    max_job_items: int = setting(100_000, "most texts (or inputs) in one bulk job")
+    max_bulk_queue: int = setting(1_000_000, "answer 503 to a job submit that would make a model's bulk "
+                                  "queue longer than this")
     access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")
 
     @classmethod

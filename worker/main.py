@@ -44,7 +44,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
         return
     model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
-    queue = JobQueue(client, keys, spec.name, settings.worker_id)
+    queue = JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share)
     linger = lingering.make(settings.linger_mode, settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {

@@ -1,25 +1,48 @@
-"""Taking jobs: atomically from the model's queue into this worker's in-flight list.
+"""Taking jobs: atomically from the model's queues into this worker's in-flight list.
 
 Jobs are moved, never popped, so a worker that dies holding them leaves them
 in funnel:inflight:<worker id> for recovery instead of losing them.
+
+Two queues per model: funnel:queue:<model> (interactive requests) and
+funnel:bulk:<model> (the items of async and bulk jobs). A batch is filled
+from the interactive queue first, but bulk items waiting get
+ceil(bulk_share x batch size) of its places (at least one), so a bulk job
+progresses under any interactive load; places that neither queue fills are
+the interactive queue's again. An idle worker blocks on the interactive
+queue only, so it notices new bulk items within block_s (a second).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import redis
 
+from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
 from funnel.worker.linger import Linger
 
-# Move up to ARGV[1] jobs from the queue's old end into the in-flight list in
-# one round trip (RPOP with a count needs Redis 6.2).
+# Move up to ARGV[1] jobs from the queues' old ends into the in-flight list
+# KEYS[2] in one round trip (RPOP with a count needs Redis 6.2): from the
+# interactive queue KEYS[1] all but ARGV[2] places, then bulk items from KEYS[3]
+# into the rest, then the interactive queue again into what bulk left.
 _TAKE_MORE = """
-local jobs = redis.call('RPOP', KEYS[1], ARGV[1])
-if not jobs then return {} end
-for i = 1, #jobs do redis.call('LPUSH', KEYS[2], jobs[i]) end
-return jobs
+local want, share = tonumber(ARGV[1]), tonumber(ARGV[2])
+local taken = {}
+local function take(queue, count)
+  if count <= 0 then return end
+  local jobs = redis.call('RPOP', queue, count)
+  if not jobs then return end
+  for i = 1, #jobs do
+    redis.call('LPUSH', KEYS[2], jobs[i])
+    taken[#taken + 1] = jobs[i]
+  end
+end
+take(KEYS[1], want - share)
+take(KEYS[3], want - #taken)
+take(KEYS[1], want - #taken)
+return taken
 """
 
 
@@ -27,10 +50,13 @@ POLL_S = 0.001
 
 
 class JobQueue:
-    def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str):
-        self.client = client
+    def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25):
+        self.client, self.keys = client, keys
         self.queue = keys.queue(model)
+        self.bulk = keys.bulk(model)
+        self.bulk_share = bulk_share
         self.inflight = keys.inflight(worker_id)
+        self.dropped = 0  # items of cancelled or expired jobs taken and never run
         self._take_more = client.register_script(_TAKE_MORE)
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, or from a take cut short by a Redis error.
@@ -47,21 +73,37 @@ class JobQueue:
             leftovers: list[bytes] = self.client.lrange(self.inflight, 0, -1)  # type: ignore[assignment]
             self._maybe_leftovers = False
             if leftovers:
-                return leftovers[::-1]  # LPUSHed, so oldest last
+                return self._runnable(leftovers[::-1])  # LPUSHed, so oldest last
         self._maybe_leftovers = True  # until this take completes
-        jobs = self._take(batch_size, linger, block_s)
+        jobs = self._runnable(self._take(batch_size, linger, block_s))
         self._maybe_leftovers = False
         return jobs
 
+    def _runnable(self, raws: list[bytes]) -> list[bytes]:
+        """Drop the items of cancelled or expired jobs; if none is left, forget the take at once
+        (otherwise the reply that clears the in-flight list forgets them)."""
+        kept, dropped = drop_stopped(self.client, self.keys, raws)
+        if dropped:
+            self.dropped += dropped
+            if not kept:
+                self.client.delete(self.inflight)
+        return kept
+
+    def _fill(self, count: int, batch_size: int) -> list[bytes]:
+        share = min(count, max(1, math.ceil(self.bulk_share * batch_size))) if self.bulk_share > 0 else 0
+        return self._take_more(keys=[self.queue, self.inflight, self.bulk], args=[count, share])
+
     def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
-        # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
-        first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
-        if first is None:
-            return []
-        jobs: list[bytes] = [first]  # type: ignore[list-item]  # bytes: the client does not decode
+        jobs: list[bytes] = self._fill(batch_size, batch_size)  # whatever either queue holds now
+        if not jobs:
+            # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
+            first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+            if first is None:
+                return []
+            jobs = [first]  # type: ignore[list-item]  # bytes: the client does not decode
         started = time.monotonic()
         while len(jobs) < batch_size:
-            jobs += self._take_more(keys=[self.queue, self.inflight], args=[batch_size - len(jobs)])
+            jobs += self._fill(batch_size - len(jobs), batch_size)
             remaining = linger.budget_s(len(jobs), batch_size) - (time.monotonic() - started)
             if len(jobs) >= batch_size or remaining <= 0:
                 break

@@ -2,7 +2,8 @@
 
 A worker whose heartbeat key has expired is dead. A live peer (or the same
 worker id on restart) claims its in-flight list once, atomically, and puts
-each job back at the old end of its queue with one more attempt; a job past
+each job back at the old end of its queue (the bulk queue for an item of an
+async or bulk job) with one more attempt; a job past
 the attempt limit gets an error reply and goes to the dead-letter list.
 """
 
@@ -13,6 +14,7 @@ import logging
 import redis
 
 from funnel.common import registry
+from funnel.common.jobs import store_results
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, WireError, decode_job, encode_job, encode_reply
 
@@ -75,7 +77,8 @@ class Recovery:
         """Requeue a job with one more attempt, or dead-letter it with an error reply."""
         try:
             job = decode_job(raw)
-            queue = self.keys.queue(job.model)
+            bulk = bool(self.keys.job_of_results(job.reply_to))
+            queue = self.keys.bulk(job.model) if bulk else self.keys.queue(job.model)
         except (WireError, ValueError):
             pipe.lpush(self.keys.dead(model), raw)
             return
@@ -85,9 +88,11 @@ class Recovery:
             return
         log.error("job %s failed %d attempts; dead-lettered", job.id, job.attempt)
         pipe.lpush(self.keys.dead(job.model), raw)
-        if self.keys.is_reply(job.reply_to):
-            reply = Reply.failure(job.id, "too_many_attempts",
-                                  f"the workers running this job died {job.attempt} times")
+        reply = Reply.failure(job.id, "too_many_attempts",
+                              f"the workers running this job died {job.attempt} times")
+        if bulk:
+            store_results(pipe, self.keys, job.reply_to, [reply])
+        elif self.keys.is_reply(job.reply_to):
             pipe.lpush(job.reply_to, encode_reply(reply))
             pipe.expire(job.reply_to, self.reply_ttl_s)
 

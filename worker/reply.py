@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from funnel.common.jobs import store_results
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply
 
@@ -16,9 +17,15 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
     flight for recovery, a crash after leaves nothing half done.
     """
     by_list: dict[str, list[bytes]] = {}
+    by_job: dict[str, list[Reply]] = {}  # items of async and bulk jobs: stored by index, not pushed
     for reply_to, reply in replies:
-        by_list.setdefault(reply_to, []).append(encode_reply(reply))
+        if keys.job_of_results(reply_to):
+            by_job.setdefault(reply_to, []).append(reply)
+        else:
+            by_list.setdefault(reply_to, []).append(encode_reply(reply))
     pipe = client.pipeline(transaction=True)
+    for results_key, items in by_job.items():
+        store_results(pipe, keys, results_key, items)
     for reply_to, payloads in by_list.items():  # a web process's inbox takes its share in one push
         pipe.lpush(reply_to, *payloads)
         pipe.expire(reply_to, ttl_s)

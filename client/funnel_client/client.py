@@ -28,8 +28,9 @@ import os
 import threading
 import time
 import urllib.parse
+import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Union
 
@@ -37,6 +38,7 @@ __all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound"
            "Timeout", "ServerError", "ConnectionFailed", "error_for"]
 
 ImageInput = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
+JOB_FINAL_STATES = ("done", "failed", "cancelled")
 _NOTHING: Any = object()  # input= not given (None is a JSON value a model may take)
 
 
@@ -243,6 +245,70 @@ class Client:
         return self._executor().submit(self.predict, model, image, text=text, texts=texts,
                                        input=input, inputs=inputs)
 
+    # -- async and bulk jobs (docs/jobs.md) -----------------------------------
+
+    def submit_job(self, model: str, texts: Iterable[str] | None = None, *, inputs: Iterable[Any] | None = None,
+                   idempotency_key: str | None = None) -> dict[str, Any]:
+        """POST /v1/models/<model>/jobs: queue many texts (or JSON inputs) as one job; its status, with "id".
+
+        An Idempotency-Key (a fresh random one unless given) makes the client's own
+        retries after a 503 safe: the server answers the job the first try made.
+        """
+        if (texts is None) == (inputs is None):
+            raise ValueError("give exactly one of texts= or inputs=")
+        name, value = ("texts", texts) if texts is not None else ("inputs", inputs)
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{name}= takes a list")
+        body = json.dumps({name: list(value)}).encode()  # type: ignore[arg-type]  # checked above
+        key = idempotency_key or uuid.uuid4().hex
+        return self._call("POST", f"/v1/models/{urllib.parse.quote(model, safe='')}/jobs", body,
+                          "application/json", accept=(202,), headers={"Idempotency-Key": key})
+
+    def job_status(self, job_id: str, offset: int = 0, limit: int = 0) -> dict[str, Any]:
+        """GET /v1/jobs/<id>: {"state", "progress": {done, total, failed}, ...}, with a page of
+        results when limit > 0. A job past its TTL raises FunnelHTTPError with status 410."""
+        query = urllib.parse.urlencode({"offset": offset, "limit": limit})
+        return self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}?{query}")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.5,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job is done, failed or cancelled; its final status. progress(status) after
+        each poll. Raises Timeout (status None) after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.job_status(job_id)
+            if progress:
+                progress(status)
+            if status["state"] in JOB_FINAL_STATES:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise Timeout(None, "client_timeout", f"job {job_id} not finished within {timeout} s")
+            time.sleep(poll_s)
+
+    def results(self, job_id: str, page: int = 1000, poll_s: float = 0.5) -> Iterator[dict[str, Any] | None]:
+        """Every result of the job in input order, as it arrives: each as predict answers one item,
+        {"error": {...}} for a failed item; None for an item a cancel stopped."""
+        offset = 0
+        while True:
+            status = self.job_status(job_id, offset, page)
+            results = status["results"]
+            ready = len(results) if None not in results else results.index(None)
+            yield from results[:ready]
+            offset += ready
+            if ready < len(results):
+                if status["state"] in JOB_FINAL_STATES:  # cancelled: what never ran stays None
+                    yield None
+                    offset += 1
+                else:
+                    time.sleep(poll_s)
+                continue
+            if status["next_offset"] is None:
+                return
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """DELETE /v1/jobs/<id>: items not yet taken never run; the job's status after."""
+        return self._call("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}")
+
     def models(self) -> dict[str, Any]:
         """GET /v1/models: {"models": [{name, task, batch_size, queue, workers, ...}]}."""
         return self._call("GET", "/v1/models")
@@ -300,18 +366,18 @@ class Client:
             self._connections.add(connection)
         return connection
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "funnel-client/1"}
+    def _headers(self, content_type: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "funnel-client/1", **(extra or {})}
         if content_type:
             headers["Content-Type"] = content_type
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def _send(self, method: str, path: str, body: bytes | None,
-              content_type: str | None) -> tuple[int, bytes, dict[str, str]]:
+    def _send(self, method: str, path: str, body: bytes | None, content_type: str | None,
+              extra_headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
         """One HTTP exchange on this thread's connection: (status, body, lower-case headers)."""
-        headers = self._headers(content_type)
+        headers = self._headers(content_type, extra_headers)
         for attempt in range(2):
             # A kept-alive connection the server has closed fails on first use: retry once on a new one.
             connection = self._connection(fresh=attempt > 0)
@@ -340,10 +406,12 @@ class Client:
         raise AssertionError("unreachable")
 
     def _call(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
-              *, retries: int | None = None, accept: tuple[int, ...] = (200,)) -> dict[str, Any]:
+              *, retries: int | None = None, accept: tuple[int, ...] = (200,),
+              headers: dict[str, str] | None = None) -> dict[str, Any]:
         retries = self.retries if retries is None else retries
+        extra = headers
         for attempt in range(retries + 1):
-            status, data, headers = self._send(method, path, body, content_type)
+            status, data, headers = self._send(method, path, body, content_type, extra)
             if status in accept:
                 try:
                     return json.loads(data)

@@ -71,11 +71,12 @@ class Stage:
     env: dict[str, str]
     cmd: list[str] | None
     healthcheck: list[str] | None
-    heredocs: dict[str, str]
 
 
 def dockerfile_stages(path: Path) -> dict[str, Stage]:
-    """Stages of a Dockerfile by name (unnamed ones by index), with ENV, CMD, HEALTHCHECK and heredocs.
+    """Stages of a Dockerfile by name (unnamed ones by index), with ENV, CMD and HEALTHCHECK.
+
+    No heredocs: the classic builder has none (test_images.py checks).
 
     An unnamed target means the last stage: see `target_stage`.
     """
@@ -96,23 +97,12 @@ def dockerfile_stages(path: Path) -> dict[str, Stage]:
             line = line[:-1] + " " + nxt.strip()
         word, _, rest = line.strip().partition(" ")
         word = word.upper()
-        heredoc = re.search(r"<<-?[\"']?([A-Za-z_]+)[\"']?", rest)
-        if heredoc:  # COPY <<EOF /dest ... EOF
-            body = []
-            while lines[i].strip() != heredoc[1]:
-                body.append(lines[i])
-                i += 1
-            i += 1
-            dest = rest[heredoc.end():].split()[-1]
-            if current:
-                current.heredocs[dest] = "\n".join(body) + "\n"
-            continue
         if word == "FROM":
             parts = rest.split()
             name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else str(len(stages))
             parent = stages.get(parts[0])
             current = Stage(name, parts[0], dict(parent.env) if parent else {},
-                            parent.cmd if parent else None, parent.healthcheck if parent else None, {})
+                            parent.cmd if parent else None, parent.healthcheck if parent else None)
             stages[name] = current
         elif current is None:
             continue

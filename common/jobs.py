@@ -1,0 +1,154 @@
+"""Async and bulk jobs: the job record, its states, and how both tiers read and write it.
+
+A job is a hash `funnel:job:<id>` (fields below) and a results hash
+`funnel:job:<id>:results` (item index -> msgpack reply). Its items are
+ordinary wire Jobs on `funnel:bulk:<model>`, with id `<job id>-<index>` and
+reply_to the results hash, so they go through the workers' in-flight lists
+and recovery like any other job. A worker stores an item's reply with
+HSETNX (a second answer to the same item is counted as a duplicate, never
+stored), counts it in `done` and pushes both keys' TTL to the job's
+`ttl_ms` from now: results are kept FUNNEL_JOB_TTL_S after a job's last
+progress. A worker drops, unrun, the items of a cancelled or expired job.
+
+The state is derived, never stored, except for `cancelled`:
+
+    queued     no item answered yet
+    running    some items answered
+    done       every item answered (failed items carry their error)
+    failed     every item answered and every one failed
+    cancelled  DELETE /v1/jobs/<id> before it was done: items not yet taken never run
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import redis
+
+from funnel.common.keys import Keys
+from funnel.common.wire import Reply, encode_reply, now_ms, peek_job
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled")
+
+# Record fields, all strings in Redis; "state" is "active" until cancelled.
+FIELDS = ("model", "total", "done", "failed", "duplicates", "created_ms", "finished_ms",
+          "ttl_ms", "state", "body_sha256")
+
+_ID_TIME_DIGITS = 12  # a job id starts with its creation time, epoch ms in hex
+
+
+def new_job_id(created_ms: int | None = None) -> str:
+    """32 hex digits: the creation time (ms, 12 digits) then 80 random bits."""
+    return f"{(created_ms if created_ms is not None else now_ms()):0{_ID_TIME_DIGITS}x}{secrets.token_hex(10)}"
+
+
+def is_job_id(text: str) -> bool:
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def created_ms_of(job_id: str) -> int:
+    return int(job_id[:_ID_TIME_DIGITS], 16)
+
+
+def item_id(job_id: str, index: int) -> str:
+    return f"{job_id}-{index}"
+
+
+@dataclass
+class Record:
+    id: str
+    model: str
+    total: int
+    done: int
+    failed: int
+    duplicates: int
+    created_ms: int
+    finished_ms: int
+    ttl_ms: int
+    cancelled: bool
+    body_sha256: str
+
+    @classmethod
+    def parse(cls, job_id: str, raw: dict) -> Record:
+        fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in raw.items()}
+
+        def number(name: str) -> int:
+            return int(fields.get(name) or 0)
+
+        return cls(id=job_id, model=fields.get("model", ""), total=number("total"), done=number("done"),
+                   failed=number("failed"), duplicates=number("duplicates"),
+                   created_ms=number("created_ms"), finished_ms=number("finished_ms"),
+                   ttl_ms=number("ttl_ms"), cancelled=fields.get("state") == "cancelled",
+                   body_sha256=fields.get("body_sha256", ""))
+
+    @property
+    def state(self) -> str:
+        if self.total and self.done >= self.total:
+            return "failed" if self.failed >= self.total else "done"
+        if self.cancelled:
+            return "cancelled"
+        return "running" if self.done else "queued"
+
+
+# -- the worker's side -------------------------------------------------------
+
+# KEYS: job record, results hash. ARGV: now (ms), then (index, reply, ok 1/0) triples.
+# An expired or unknown job's results are dropped: nothing would ever read them.
+_STORE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local new, failed, seen = 0, 0, 0
+for i = 2, #ARGV, 3 do
+  seen = seen + 1
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+    new = new + 1
+    if ARGV[i + 2] == '0' then failed = failed + 1 end
+  end
+end
+local done = redis.call('HINCRBY', KEYS[1], 'done', new)
+if failed > 0 then redis.call('HINCRBY', KEYS[1], 'failed', failed) end
+if seen > new then redis.call('HINCRBY', KEYS[1], 'duplicates', seen - new) end
+if new > 0 and done >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
+  redis.call('HSET', KEYS[1], 'finished_ms', ARGV[1])
+end
+local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
+redis.call('PEXPIRE', KEYS[1], ttl)
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ttl) end
+return new
+"""
+
+
+def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> None:
+    """Queue, on a pipeline (MULTI), the store of these item replies into their job's results hash."""
+    job_id = keys.job_of_results(results_key)
+    args: list = [now_ms()]
+    for reply in replies:
+        head, _, index = reply.id.rpartition("-")
+        if head == job_id and index.isdigit():  # else not an item of this job (a forged message)
+            args += [int(index), encode_reply(reply), int(reply.ok)]
+    if len(args) > 1:
+        pipe.register_script(_STORE)(keys=[keys.job(job_id), results_key], args=args)
+
+
+def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[list[bytes], int]:
+    """The taken messages less the items of cancelled or expired jobs, and how many were dropped.
+
+    One round trip, only when the batch holds bulk items.
+    """
+    marker = keys.job("x")[:-1].encode()  # b"funnel:job:": only a bulk item's message holds it
+    jobs_of = [keys.job_of_results(peek_job(raw).get("reply_to", "")) if marker in raw else ""
+               for raw in raws]
+    wanted = sorted({job_id for job_id in jobs_of if job_id})
+    if not wanted:
+        return raws, 0
+    pipe = client.pipeline(transaction=False)
+    for job_id in wanted:
+        pipe.hget(keys.job(job_id), "state")
+    states = dict(zip(wanted, pipe.execute()))
+    # "active" from submit; "cancelled" by DELETE; None: the record expired (or never was).
+    stopped = {job_id for job_id, state in states.items() if state != b"active"}
+    kept = [raw for raw, job_id in zip(raws, jobs_of) if job_id not in stopped]
+    return kept, len(raws) - len(kept)
+

@@ -1,0 +1,114 @@
+"""Bulk jobs under faults: a worker killed with SIGKILL and the web tier restarted mid-job (every item
+done exactly once), results expiring after FUNNEL_JOB_TTL_S (410), Redis down (503, never a wrong state)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from funnel.scripts.stack import Stack
+from tests.conftest import http
+from tests.faults.conftest import FAST_HEARTBEAT, TEXT, freeze_holding_jobs, wait_for
+
+
+def corpus(n: int, tag: str) -> list[str]:
+    return [f"{tag} line {i}: {'lorem ipsum ' * (i % 6)}dolor {i}" for i in range(n)]
+
+
+def job_status(stack, job_id, **query):
+    suffix = "&".join(f"{k}={v}" for k, v in query.items())
+    return http("GET", f"{stack.url}/v1/jobs/{job_id}?{suffix}")
+
+
+def progress(stack, job_id) -> int:
+    return job_status(stack, job_id, limit=0)[1]["progress"]["done"]
+
+
+def results_of(stack, job_id, total) -> list:
+    out = []
+    for offset in range(0, total, 1000):
+        out += job_status(stack, job_id, offset=offset, limit=1000)[1]["results"]
+    return out
+
+
+def restart_web(stack) -> None:
+    """SIGKILL the web tier, gunicorn's master and its workers (no graceful anything), then start a
+    new one on the same port."""
+    pid = stack.web.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    stack.web.send_signal(signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
+    stack.web.wait()
+    wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in children), what="web workers gone")
+    env = stack._env({"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(stack.web_port),
+                      "FUNNEL_MODELS": ",".join(stack.models), **stack.web_env})
+    stack.web = stack._spawn("web-restarted", ["funnel.web"], env)
+    stack.wait_ready(60, expected={})
+
+
+def test_worker_killed_and_web_restarted_mid_job_every_item_done_once(model_store, tmp_path,
+                                                                      expected_embeddings):
+    texts = corpus(1200, "crash")
+    with Stack(model_store=model_store, models=[TEXT], workers=[], log_dir=tmp_path,
+               worker_env={**FAST_HEARTBEAT, "FUNNEL_BATCH_SIZE": "8"}) as stack:
+        victim = stack.start_worker(TEXT, FUNNEL_WORKER_ID="victim")
+        stack.start_worker(TEXT, FUNNEL_WORKER_ID="survivor")
+        stack.wait_ready(60, expected={TEXT: 2})
+        client = redis.Redis.from_url(stack.redis_url)
+        code, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body={"texts": texts})
+        assert code == 202
+        job_id = body["id"]
+        wait_for(lambda: progress(stack, job_id) >= 100, timeout_s=60, what="job under way")
+        held = freeze_holding_jobs(client, victim, "victim")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        restart_web(stack)  # the job lives in Redis: the new web process reads it as it was
+        assert job_status(stack, job_id, limit=0)[1]["state"] in ("running", "done")
+        done = wait_for(lambda: (lambda b: b if b["state"] == "done" else None)(job_status(stack, job_id, limit=0)[1]),
+                        timeout_s=180, interval_s=0.2, what="job done after the crash")
+        record = {k.decode(): v.decode() for k, v in client.hgetall(f"funnel:job:{job_id}").items()}
+        recovered = int(client.hget("funnel:worker:survivor", "recovered") or 0)
+        results = results_of(stack, job_id, len(texts))
+    assert held > 0 and recovered >= held
+    assert done["progress"] == {"done": len(texts), "total": len(texts), "failed": 0}
+    assert record["duplicates"] == "0"  # no item answered twice
+    expected = expected_embeddings(texts[::97])
+    for i in range(0, len(texts), 97):
+        assert np.allclose(results[i]["embedding"], expected[texts[i]], atol=1e-4), i
+    assert all(r is not None and "embedding" in r for r in results)
+
+
+def test_results_expire_after_the_ttl_then_410(model_store, tmp_path):
+    with Stack(model_store=model_store, models=[TEXT], log_dir=tmp_path,
+               web_env={"FUNNEL_JOB_TTL_S": "2"}) as stack:
+        client = redis.Redis.from_url(stack.redis_url)
+        code, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body={"texts": corpus(20, "ttl")})
+        job_id = body["id"]
+        wait_for(lambda: job_status(stack, job_id, limit=0)[1].get("state") == "done", what="done")
+        assert job_status(stack, job_id)[0] == 200
+        wait_for(lambda: job_status(stack, job_id)[0] == 410, timeout_s=10, interval_s=0.1, what="410")
+        assert not client.exists(f"funnel:job:{job_id}", f"funnel:job:{job_id}:results")
+        assert http("DELETE", f"{stack.url}/v1/jobs/{job_id}")[0] == 410
+
+
+def test_redis_down_submit_and_status_answer_503(model_store, tmp_path):
+    with Stack(model_store=model_store, models=[TEXT], log_dir=tmp_path, worker_env=FAST_HEARTBEAT) as stack:
+        code, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body={"texts": corpus(5, "up")})
+        job_id = body["id"]
+        stack.redis.stop()
+        code, body, headers = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs",
+                                   json_body={"texts": corpus(5, "down")}, timeout=10)
+        assert code == 503 and "Retry-After" in headers, body
+        assert job_status(stack, job_id)[0] == 503
+        assert http("DELETE", f"{stack.url}/v1/jobs/{job_id}", timeout=10)[0] == 503
+        assert http("POST", f"{stack.url}/v1/models/{TEXT}/predict", json_body={"text": "x"},
+                    headers={"Prefer": "respond-async"}, timeout=10)[0] == 503
+        stack.redis.start()  # empty: the job went with the old Redis, and says so with a 404, not a wrong state
+        wait_for(lambda: job_status(stack, job_id)[0] == 404, timeout_s=30, interval_s=0.2, what="back")
