@@ -20,6 +20,7 @@ from pathlib import Path
 from string import Template
 
 import funnel.web
+from funnel.scripts import processes
 
 TEMPLATE = Path(funnel.web.__file__).parent / "nginx" / "funnel.conf.template"
 WORKER_CONNECTIONS = 4096  # per nginx worker: idle clients past this wait in the listen backlog
@@ -52,8 +53,8 @@ def nginx_binary() -> str | None:
 def render(listen: str, upstream: str, max_body_mb: float, timeout_s: float) -> str:
     """The server block, as the Compose file's nginx renders it from the same template."""
     return Template(TEMPLATE.read_text()).safe_substitute(
-        FUNNEL_LISTEN=listen, FUNNEL_UPSTREAM=upstream, FUNNEL_PROXY_BODY_MB=str(int(max_body_mb) + 1),
-        FUNNEL_PROXY_TIMEOUT_S=str(int(timeout_s) + 10))
+        FRONT_LISTEN=listen, FRONT_UPSTREAM=upstream, FRONT_BODY_MB=str(int(max_body_mb) + 1),
+        FRONT_TIMEOUT_S=str(int(timeout_s) + 10))
 
 
 class FrontDoor:
@@ -101,11 +102,5 @@ class FrontDoor:
         return self.process.poll() if self.process else None
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()  # SIGTERM: fast shutdown
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process)  # SIGTERM: nginx's fast shutdown
         shutil.rmtree(self.dir, ignore_errors=True)

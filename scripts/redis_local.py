@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from funnel.scripts import processes
+
 
 def redis_server_binary() -> str:
     found = shutil.which("redis-server")
@@ -74,13 +76,7 @@ class LocalRedis:
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRedis:

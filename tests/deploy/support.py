@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.conftest import http
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.cpu.yml"]
 K8S = ROOT / "deploy" / "k8s"
@@ -144,3 +146,12 @@ def k8s_documents() -> dict[str, list[dict]]:
     """Every YAML file under deploy/k8s, its documents in order."""
     return {p.name: [d for d in yaml.safe_load_all(p.read_text()) if d]
             for p in sorted(K8S.glob("*.yaml"))}
+
+
+def listing(url: str) -> dict[str, list[dict]]:
+    """Served model -> its live workers, from a stack's GET /v1/models ({} while it does not answer)."""
+    try:
+        status, body, _ = http("GET", f"{url}/v1/models", timeout=5)
+    except OSError:
+        return {}
+    return {m["name"]: m["workers"] for m in body.get("models", [])} if status == 200 else {}

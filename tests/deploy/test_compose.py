@@ -28,6 +28,7 @@ from tests.deploy.support import (
     COMPOSE_FILES,
     ROOT,
     interpolate,
+    listing,
     load_compose,
     setting_names,
     target_stage,
@@ -244,14 +245,6 @@ def wait_for(condition, processes: Processes, timeout_s: float, what: str):
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {timeout_s} s: {what}")
         time.sleep(0.1)
-
-
-def listing(url: str) -> dict[str, list[dict]]:
-    try:
-        status, body, _ = http("GET", f"{url}/v1/models", timeout=5)
-    except OSError:
-        return {}
-    return {m["name"]: m["workers"] for m in body.get("models", [])} if status == 200 else {}
 
 
 def run_healthcheck(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -35,7 +35,7 @@ import pytest
 from funnel.common.keys import Keys
 from funnel.scripts.redis_local import free_port
 from tests.conftest import http
-from tests.deploy.support import ROOT
+from tests.deploy.support import ROOT, listing
 
 COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"
@@ -194,14 +194,6 @@ class Stack:
 
     def exec(self, service: str, *argv: str, index: int = 1) -> str:
         return self.run("exec", "-T", "--index", str(index), service, *argv, timeout=60).stdout
-
-
-def listing(url: str) -> dict[str, list[dict]]:
-    try:
-        status, body, _ = http("GET", f"{url}/v1/models", timeout=5)
-    except OSError:
-        return {}
-    return {m["name"]: m["workers"] for m in body.get("models", [])} if status == 200 else {}
 
 
 def wait_for(condition, timeout_s: float, what: str, stack: Stack):
