@@ -11,6 +11,7 @@ serves real requests through them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,7 +64,7 @@ def test_compose_config_validates(name):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
-    assert set(resolved["services"]) == {"redis", "web", *WORKERS}
+    assert set(resolved["services"]) == {"redis", "web", "nginx", *WORKERS}
     # What Compose resolved is what the smoke test below resolves for itself.
     ours = load_compose(name, env)["services"]
     for service, config in resolved["services"].items():
@@ -122,6 +123,24 @@ def test_cpu_file_is_the_gpu_file_on_the_cpu():
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_only_the_front_door_is_published(name):
+    """Clients reach the web tier through nginx, which renders funnel up's own template."""
+    services = load_compose(name, CLEAN_ENV)["services"]
+    assert "ports" not in services["web"]
+    assert services["nginx"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert services["nginx"]["depends_on"]["web"]["condition"] == "service_healthy"
+    mounted = {v.split(":")[0]: v.split(":")[1] for v in services["nginx"]["volumes"]}
+    assert mounted["./web/nginx/funnel.conf.template"] == "/etc/funnel/funnel.conf.template"
+    env = services["nginx"]["environment"]
+    assert env["FRONT_UPSTREAM"] == "web:8000" and env["FRONT_LISTEN"] == "8000"
+    template = (ROOT / "web" / "nginx" / "funnel.conf.template").read_text()
+    placeholders = set(re.findall(r"\$\{(FRONT_[A-Z_]+)\}", template))
+    assert placeholders == set(env), "every placeholder filled, nothing else"
+    command = " ".join(services["nginx"]["command"])
+    assert all(f"${{{name}}}" in command for name in placeholders)
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_settings_come_from_the_environment(name):
     text = (ROOT / name).read_text()
     for var in ("FUNNEL_REDIS_URL", "FUNNEL_BATCH_SIZE", "FUNNEL_LINGER_MS"):
@@ -146,6 +165,8 @@ def test_every_funnel_variable_is_a_setting(name):
     interpolated = {v for v in variables(text) if v.startswith("FUNNEL_")}
     assert interpolated <= names["web"] | names["worker"], interpolated - names["web"] - names["worker"]
     for service, config in load_compose(name, CLEAN_ENV)["services"].items():
+        if service == "nginx":  # not a Funnel tier: its FRONT_* fill the template (test above)
+            continue
         funnel = {k for k in config["environment"] if k.startswith("FUNNEL_")}
         if service != "redis":
             assert funnel <= names[tier(service)], (service, funnel - names[tier(service)])
@@ -258,6 +279,8 @@ def start_compose(services: dict, redis: LocalRedis, model_store: Path, processe
     for name, service in services.items():
         if name == "redis":  # the local redis-server stands in for the image
             assert service["image"].startswith("redis:") and service["command"][0] == "redis-server"
+            continue
+        if name == "nginx":  # the front door: funnel up's nginx is tested apart (tests/faults/test_slow_clients.py)
             continue
         extra = {"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(web_port)} if name == "web" else {}
         argv, env = service_process(name, service, redis.port, model_store, extra)

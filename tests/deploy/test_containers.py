@@ -7,7 +7,8 @@ reachable; the official images are only the Compose files' defaults. The CPU
 torch wheel the host's pip finds on local disk is served to the build on
 127.0.0.1 (TORCH_FIND_LINKS, BUILD_NETWORK=host). Then, as docs/deployment.md
 shows them: `build`, `up -d`, wait for every HEALTHCHECK, the page, the cat
-photo and a sentence over the published port (127.0.0.1 only), `--scale
+photo and a sentence over the published port (nginx's, 127.0.0.1 only; the web
+tier behind it is not published), `--scale
 worker-text=3` with answers from more than one replica, `exec -T redis
 redis-cli`, `stop worker-text` under load with no request lost and every worker
 exiting 0, and `down`, in a finally. The images are kept, and with them the
@@ -40,7 +41,7 @@ from tests.deploy.support import ROOT, listing
 COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"
 WORKER_IMAGE = "funnel-test/worker:cpu"
-SERVICES = ("redis", "web", "worker-image", "worker-text")
+SERVICES = ("redis", "web", "nginx", "worker-image", "worker-text")
 BUILD_TIMEOUT_S = 1500  # cold, on 2 cores: about 9 minutes (docs/deployment.md)
 WHEEL_PORT = int(os.environ.get("FUNNEL_TEST_WHEEL_PORT", "38765"))
 CAT_LABELS = ("egyptian cat", "tabby", "tiger cat")
@@ -230,7 +231,7 @@ def stack():
 
     # Stand-in base images (kept between runs; made in about 1.5 minutes).
     started = time.monotonic()
-    made = subprocess.run(["bash", str(ROOT / "deploy" / "base-images.sh"), "python", "redis"],
+    made = subprocess.run(["bash", str(ROOT / "deploy" / "base-images.sh"), "python", "redis", "nginx"],
                           capture_output=True, text=True, timeout=600)
     if made.returncode != 0:
         _skip_or_fail(f"deploy/base-images.sh could not make the base images "
@@ -301,6 +302,9 @@ def test_images_run_as_uid_10001_with_healthchecks(stack):
         # Ports are published on the loopback only.
         for bindings in (c["HostConfig"].get("PortBindings") or {}).values():
             assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}, c["Name"]
+    # Only the front door is published; the web tier is reached through nginx.
+    published = {c["Name"] for c in stack.containers() if c["HostConfig"].get("PortBindings")}
+    assert published and all("nginx" in name for name in published), published
     # The project is installed in the image, not on PYTHONPATH: its console scripts run.
     assert "funnel-worker" in stack.exec("worker-text", "sh", "-c", "command -v funnel-worker")
 
@@ -322,7 +326,7 @@ def test_page_cat_and_sentence(stack, cat_jpeg):
 
 def test_three_text_workers_share_the_queue(stack):
     stack.run("up", "-d", "--no-build", "--no-recreate", "--scale", "worker-text=3", timeout=180)
-    stack.wait_healthy(240, {"redis": 1, "web": 1, "worker-image": 1, "worker-text": 3})
+    stack.wait_healthy(240, {"redis": 1, "web": 1, "nginx": 1, "worker-image": 1, "worker-text": 3})
     live = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 3 else None)(
         listing(stack.url)), 120, "3 text workers in /v1/models", stack)
     ids = {w["id"] for w in live["text-embedding"]}
