@@ -137,7 +137,7 @@ def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[li
 
     One round trip, only when the batch holds bulk items.
     """
-    marker = keys.job("x")[:-1].encode()  # b"funnel:job:": only a bulk item's message holds it
+    marker = keys.job_prefix().encode()  # only a bulk item's message holds it: skip decoding the rest
     jobs_of = [keys.job_of_results(peek_job(raw).get("reply_to", "")) if marker in raw else ""
                for raw in raws]
     wanted = sorted({job_id for job_id in jobs_of if job_id})

@@ -39,15 +39,19 @@ class Keys:
 
     def job(self, job_id: str) -> str:
         """Hash: one async or bulk job's record (common/jobs.py), with a TTL."""
-        return f"{self.prefix}:job:{check_name(job_id)}"
+        return self.job_prefix() + check_name(job_id)
+
+    def job_prefix(self) -> str:
+        """What every job key starts with (a bulk item's message names its results hash)."""
+        return f"{self.prefix}:job:"
 
     def job_results(self, job_id: str) -> str:
         """Hash: item index -> msgpack reply, the reply_to of every item of the job; same TTL as the job."""
-        return f"{self.prefix}:job:{check_name(job_id)}:results"
+        return self.job(job_id) + ":results"
 
     def job_of_results(self, key: str) -> str:
         """The job id whose results hash this key is, else ""."""
-        head, tail = f"{self.prefix}:job:", ":results"
+        head, tail = self.job_prefix(), ":results"
         if key.startswith(head) and key.endswith(tail):
             job_id = key[len(head):-len(tail)]
             if NAME_PATTERN.match(job_id):

@@ -47,7 +47,8 @@ http {
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    """nginx from PATH, or where Debian puts it (/usr/sbin is not on every user's PATH)."""
+    return shutil.which("nginx", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
 
 
 def render(listen: str, upstream: str, max_body_mb: float, timeout_s: float) -> str:

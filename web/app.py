@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from funnel.common import tasks
 from funnel.common.connection import connect
-from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound
+from funnel.common.errors import REPLY_STATUS, FunnelError
 from funnel.common.keys import Keys
 from funnel.common.registry import live_workers, queue_lengths
 from funnel.common.store import list_models, load_spec
@@ -25,7 +25,7 @@ from funnel.web import auth, errors, jobs, openapi, v2
 from funnel.web import metrics as web_metrics
 from funnel.web.gateway import Gateway
 from funnel.web.inbox import Inbox
-from funnel.web.inputs import read_items
+from funnel.web.inputs import read_items, served
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.settings import WebSettings
 from funnel.web.shedding import request_timeout
@@ -57,14 +57,6 @@ def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
     """One model as GET /v1/models shows it: spec, task fields, limits, queue and live workers."""
     return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
             "queue": queue_length, "workers": [w for w in workers if w.get("model") == task.spec.name]}
-
-
-def served(models: dict[str, Task], name: str) -> Task:
-    """The task of a served model; 404 for any other name (before it can become part of a key)."""
-    task = models.get(name)
-    if task is None:
-        raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
-    return task
 
 
 def reply_error(reply: Reply, index: int, count: int) -> FunnelError:

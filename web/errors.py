@@ -16,8 +16,8 @@ def install(app: Flask) -> None:
     def funnel_error(exc: FunnelError):
         response = jsonify(exc.to_json())
         response.status_code = exc.status
-        if exc.status == 503:  # when to come back: the shedder's estimate, else a second
-            response.headers["Retry-After"] = str(max(1, int(exc.retry_after or 1)))
+        if exc.status == 503:
+            response.headers["Retry-After"] = retry_after(exc)
         return response
 
     @app.errorhandler(redis.RedisError)
@@ -32,6 +32,11 @@ def install(app: Flask) -> None:
         response = jsonify({"error": {"code": code, "message": exc.description}})
         response.status_code = exc.code or 500
         return response
+
+
+def retry_after(exc: FunnelError) -> str:
+    """A 503's Retry-After: the shedder's estimate when it made one, else a second."""
+    return str(max(1, int(exc.retry_after or 1)))
 
 
 DRAIN_LIMIT = 64 * 1024 * 1024

@@ -25,7 +25,7 @@ from funnel.common.errors import BadInput, FunnelError, NotFound, Overloaded
 from funnel.common.keys import Keys
 from funnel.common.tasks import Task
 from funnel.common.wire import Job, WireError, decode_reply, encode_job, now_ms
-from funnel.web.inputs import read_items, read_json_items
+from funnel.web.inputs import read_items, read_json_items, served
 from funnel.web.settings import WebSettings
 
 PUSH_CHUNK = 1000             # items per LPUSH inside the submit's transaction
@@ -225,7 +225,7 @@ def install(app: Flask, models: dict[str, Task], client: redis.Redis, keys: Keys
 
     @blueprint.post("/v1/models/<name>/jobs")
     def submit(name: str):
-        task = _served(models, name)
+        task = served(models, name)
         if task.input_kind == "image":
             raise BadInput("bulk jobs take texts or JSON inputs; send images one request each with "
                            "'Prefer: respond-async' on the predict route", code="unsupported_input")
@@ -250,7 +250,7 @@ def install(app: Flask, models: dict[str, Task], client: redis.Redis, keys: Keys
         if request.endpoint != "predict" or not wants_async(request.headers.get("Prefer", "")):
             return None
         name = (request.view_args or {}).get("name", "")
-        task = _served(models, name)
+        task = served(models, name)
         request.get_data()  # cached before a multipart parse consumes it: the Idempotency-Key's body check
         items, _ = read_items(task.input_kind, request, settings.max_items)
         response = api.submit(name, items)
@@ -271,9 +271,3 @@ def preprocess(task: Task, items: list[Any]) -> list[dict]:
             raise
     return inputs
 
-
-def _served(models: dict[str, Task], name: str) -> Task:
-    task = models.get(name)
-    if task is None:
-        raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
-    return task

@@ -31,8 +31,9 @@ from funnel.common.keys import Keys
 from funnel.common.registry import live_workers
 from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Reply
-from funnel.web.errors import drain_body
+from funnel.web.errors import drain_body, retry_after
 from funnel.web.gateway import Gateway
+from funnel.web.inputs import served
 from funnel.web.shedding import request_timeout
 from funnel.web.tensors import DATATYPES, NAMES_OF, Tensor, answer_body, output_entry, read_inputs, split_body
 
@@ -155,9 +156,7 @@ def error_response(message: str, status: int) -> Response:
 
 
 def served_task(models: dict[str, Task], name: str, model_version: str | None) -> Task:
-    task = models.get(name)
-    if task is None:
-        raise NotFound(f"no model named {name!r}; served: {', '.join(models)}")
+    task = served(models, name)
     if model_version not in (None, MODEL_VERSION):
         raise NotFound(f"{name} has version {MODEL_VERSION} only, not {model_version!r}")
     return task
@@ -223,8 +222,8 @@ def create_blueprint(models: dict[str, Task], gateway: Gateway, client: redis.Re
     @v2.errorhandler(FunnelError)
     def protocol_error(exc: FunnelError):
         response = error_response(exc.message, exc.status)
-        if exc.status == 503:  # as on /v1: the shedder's estimate, else a second
-            response.headers["Retry-After"] = str(max(1, int(exc.retry_after or 1)))
+        if exc.status == 503:
+            response.headers["Retry-After"] = retry_after(exc)
         return response
 
     @v2.errorhandler(redis.RedisError)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from tests.deploy.support import (
     target_stage,
     variables,
 )
+from tests.faults.conftest import wait_for
 
 WORKERS = ("worker-image", "worker-text")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
@@ -256,16 +256,6 @@ class Processes:
         return codes
 
 
-def wait_for(condition, processes: Processes, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        processes.check_alive()
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.1)
 
 
 def run_healthcheck(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -306,7 +296,8 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
         envs = start_compose(services, redis, model_store, processes, {"worker-text": 2}, web_port)
         ready = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 2
                                   and len(m.get("image-classifier", [])) == 1 else None)(listing(url)),
-                         processes, 180, "2 live text workers and 1 image worker in /v1/models")
+                         180, 0.1, "2 live text workers and 1 image worker in /v1/models",
+                         check=processes.check_alive)
         workers = ready["text-embedding"] + ready["image-classifier"]
         assert {w["device"] for w in workers} == {"cpu"}  # resolved, not "auto"
 
@@ -355,7 +346,7 @@ def test_a_wrong_command_fails_the_smoke_test(model_store, tmp_path):
     try:
         start_compose(broken, redis, model_store, processes, {}, free_port())
         with pytest.raises(AssertionError, match="exited with 2"):
-            wait_for(lambda: False, processes, 60, "never")
+            wait_for(lambda: False, 60, 0.1, "never", check=processes.check_alive)
     finally:
         processes.stop()
         redis.stop()

@@ -37,6 +37,7 @@ from funnel.common.keys import Keys
 from funnel.scripts.redis_local import free_port
 from tests.conftest import http
 from tests.deploy.support import ROOT, listing
+from tests.faults.conftest import wait_for
 
 COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"
@@ -197,17 +198,6 @@ class Stack:
         return self.run("exec", "-T", "--index", str(index), service, *argv, timeout=60).stdout
 
 
-def wait_for(condition, timeout_s: float, what: str, stack: Stack):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}\n{stack.logs()}")
-        time.sleep(0.25)
-
-
 def embed(url: str, text: str) -> tuple[int, dict]:
     status, body, _ = http("POST", f"{url}/v1/models/text-embedding/predict",
                            json_body={"text": text}, timeout=60)
@@ -328,7 +318,7 @@ def test_three_text_workers_share_the_queue(stack):
     stack.run("up", "-d", "--no-build", "--no-recreate", "--scale", "worker-text=3", timeout=180)
     stack.wait_healthy(240, {"redis": 1, "web": 1, "nginx": 1, "worker-image": 1, "worker-text": 3})
     live = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 3 else None)(
-        listing(stack.url)), 120, "3 text workers in /v1/models", stack)
+        listing(stack.url)), 120, 0.25, "3 text workers in /v1/models", detail=stack.logs)
     ids = {w["id"] for w in live["text-embedding"]}
     hosts = {c["Config"]["Hostname"] for c in stack.containers("worker-text")}
     assert {w["host"] for w in live["text-embedding"]} == hosts
@@ -370,7 +360,7 @@ def test_stop_under_load_loses_nothing(stack):
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(results) >= 20, 60, "20 answers under load", stack)
+        wait_for(lambda: len(results) >= 20, 60, 0.25, "20 answers under load", detail=stack.logs)
         during = len(results)
         stack.run("stop", "--timeout", "30", "worker-text", timeout=120)
     finally:

@@ -120,14 +120,20 @@ def freeze_holding_jobs(client: redis.Redis, proc, worker_id: str, timeout_s: fl
     raise TimeoutError(f"worker {worker_id} never held a job")
 
 
-def wait_for(condition, timeout_s: float = 30, interval_s: float = 0.05, what: str = "condition"):
+def wait_for(condition, timeout_s: float = 30, interval_s: float = 0.05, what: str = "condition",
+             check=None, detail=None):
+    """condition()'s first true value, polled; check() runs each time (it raises when waiting is
+    pointless, e.g. a process exited); detail() adds context (logs) to the timeout's message."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if check is not None:
+            check()
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}"
+                               + (f"\n{detail()}" if detail is not None else ""))
         time.sleep(interval_s)
 
 
