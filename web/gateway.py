@@ -21,20 +21,21 @@ from funnel.common.errors import Overloaded, Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, Reply, decode_reply, encode_job, now_ms
 from funnel.web.inbox import Inbox
-from funnel.web.shedding import NO_WORKER_RETRY_AFTER_S, Capacity, WorkerView, retry_after_s
+from funnel.web.shedding import NO_WORKER_RETRY_AFTER_S, Calibration, Capacity, WorkerView, retry_after_s
 
 # In one step, so concurrent requests cannot overfill the queue: LPUSH the jobs
 # (ARGV[10:]) unless the queue KEYS[1] is ARGV[1] long already (0: no limit;
 # returns {0, length}) or, with an estimate (ARGV[2] = 1), the jobs queued and
 # held in the workers' in-flight lists (KEYS[2:]) predict an answer later than
 # the budget ARGV[3] seconds (returns {-1, jobs ahead}; web/shedding.py's
-# Capacity.wait_s, same formula). Pushed: {1, new length}.
+# Capacity.wait_s, same formula). Pushed: {1, new length, jobs ahead (-1: not estimated)}.
 _PUSH_BOUNDED = """
 local limit = tonumber(ARGV[1])
 local queued = redis.call('LLEN', KEYS[1])
 if limit > 0 and queued >= limit then return {0, queued} end
+local ahead = -1
 if ARGV[2] == '1' then
-  local ahead = queued
+  ahead = queued
   for i = 2, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
   local rate, item_s, batch_s, size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
   local n = #ARGV - 9
@@ -42,7 +43,7 @@ if ARGV[2] == '1' then
   local wait = math.max((ahead + n) / rate, item_s * k + batch_s) * tonumber(ARGV[8]) + tonumber(ARGV[9])
   if wait > tonumber(ARGV[3]) then return {-1, ahead} end
 end
-return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, 10))}
+return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, 10)), ahead}
 """
 
 
@@ -52,6 +53,7 @@ class Gateway:
         self.client, self.keys, self.max_queue, self.inbox = client, keys, max_queue, inbox
         self.shed, self.hold_without_workers = shed, hold_without_workers
         self.workers = WorkerView(client, keys)
+        self.calibration = Calibration()
         self._push = client.register_script(_PUSH_BOUNDED)
 
     def submit(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float,
@@ -74,22 +76,30 @@ class Gateway:
         jobs = [Job(id=job_id, model=model, inputs=item, reply_to=to, deadline=deadline, raw=raw)
                 for job_id, item, to in zip(ids, inputs, reply_to)]
         estimate = self.shed and capacity.known
+        calibration = self.calibration.factor(model)
         keys = [self.keys.queue(model), *(map(self.keys.inflight, capacity.workers) if estimate else ())]
         args: list[bytes | str | int | float] = [self.max_queue, int(estimate), timeout_s,
-                                                 *capacity.script_args(), *map(encode_job, jobs)]
+                                                 *capacity.script_args(calibration), *map(encode_job, jobs)]
         try:
-            outcome, count = self._push(keys=keys, args=args)
+            outcome, count, *ahead = self._push(keys=keys, args=args)
             if outcome == 0:
                 raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
-                                 retry_after=retry_after_s(capacity.wait_s(count, 0)) if capacity.known else 1)
+                                 retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))
+                                 if capacity.known else 1)
             if outcome < 0:
-                wait_s = capacity.wait_s(count, len(jobs))
+                wait_s = capacity.wait_s(count, len(jobs), calibration)
                 raise Overloaded(f"the {model} queue would answer in about {wait_s:.1f} s, past this "
                                  f"request's deadline of {timeout_s:g} s; retry later",
                                  retry_after=retry_after_s(wait_s))
-            if inbox and waiter is not None:
-                return inbox.collect(waiter, ids, deadline)
-            return self._await(jobs, deadline)
+            pushed_ms = now_ms()
+            try:
+                if inbox and waiter is not None:
+                    return inbox.collect(waiter, ids, deadline)
+                return self._await(jobs, deadline)
+            finally:  # answered or timed out: either way, how late against the prediction
+                if ahead and ahead[0] >= 0:
+                    self.calibration.observe(model, capacity.wait_s(ahead[0], len(jobs)),
+                                             (now_ms() - pushed_ms) / 1000)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         finally:

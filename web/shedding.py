@@ -13,7 +13,10 @@ hands is predicted to be answered after
     wait = max((ahead + n) / rate, a·k + b) · SAFETY + OVERHEAD_S,   k = min(B, ahead + n)
 
 (the backlog drained at full batches, but never less than one batch holding
-it). The gateway's push script (web/gateway.py) reads the queue and in-flight
+it). The workers' timings lag a sudden slowdown (a busier machine, a throttled
+GPU) by a heartbeat or two, while the answers show it at once: each process
+keeps a Calibration per model, how much later than predicted its answers came
+lately, and scales SAFETY by it. The gateway's push script (web/gateway.py) reads the queue and in-flight
 lengths, computes the same wait and pushes only if it fits the request's
 remaining deadline, in the one round trip a request already made. A request
 turned away is told to come back once the work ahead of it is done:
@@ -39,6 +42,13 @@ EMPTY_REFRESH_S = 0.1  # when it shows no worker for a model: a new worker is se
 SAFETY = 1.2  # the workers' timings cover inference only: taking, decoding and replying add some
 OVERHEAD_S = 0.02  # the reply's way back to the client
 MAX_RETRY_AFTER_S = 300
+# Calibration: only waits this long are mostly queueing (shorter ones are linger and the reply's
+# way back, which OVERHEAD_S covers); each such answer moves the factor this far toward
+# actual/predicted; without answers it relaxes to 1 with this half-life.
+CALIBRATE_MIN_S = 0.25
+CALIBRATE_WEIGHT = 0.25
+CALIBRATE_HALF_LIFE_S = 10.0
+MAX_CALIBRATION = 4.0
 NO_WORKER_RETRY_AFTER_S = 5  # a worker starting loads its model in a few seconds
 # A model this process saw served this recently is not refused for want of a worker: a Redis
 # restart empties the registry until each worker's next heartbeat (FUNNEL_HEARTBEAT_TTL_S / 3).
@@ -75,14 +85,15 @@ class Capacity:
     def known(self) -> bool:
         return self.rate > 0
 
-    def wait_s(self, ahead: int, n: int) -> float:
+    def wait_s(self, ahead: int, n: int, calibration: float = 1.0) -> float:
         """Predicted seconds until a request of n items, behind `ahead` jobs, is answered."""
         k = min(self.batch_size, ahead + n)
-        return max((ahead + n) / self.rate, self.item_s * k + self.batch_s) * SAFETY + OVERHEAD_S
+        return max((ahead + n) / self.rate, self.item_s * k + self.batch_s) * SAFETY * calibration + OVERHEAD_S
 
-    def script_args(self) -> list[str]:
+    def script_args(self, calibration: float = 1.0) -> list[str]:
         """The estimate's parameters for the push script (which computes wait_s in Lua)."""
-        return [repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size, SAFETY, OVERHEAD_S)]
+        return [repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size, SAFETY * calibration,
+                                  OVERHEAD_S)]
 
 
 def capacity(workers: list[dict[str, str]], model: str) -> Capacity:
@@ -97,6 +108,30 @@ def capacity(workers: list[dict[str, str]], model: str) -> Capacity:
     return Capacity(tuple(w["id"] for w in mine), rate=sum(rates) / mean * len(mine),
                     item_s=sum(c[0] for c in costs) / mean, batch_s=sum(c[1] for c in costs) / mean,
                     batch_size=max(1, round(sum(c[2] for c in costs) / mean)))
+
+
+class Calibration:
+    """Per model, how much later than predicted this process's answers came lately (1: on time).
+
+    Never below 1: the registry's timings are the floor. Thread-safe enough: each
+    update is one assignment of a tuple.
+    """
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._last: dict[str, tuple[float, float]] = {}  # model -> (factor, when observed)
+
+    def factor(self, model: str) -> float:
+        factor, at = self._last.get(model, (1.0, 0.0))
+        return 1.0 + (factor - 1.0) * 0.5 ** ((self.clock() - at) / CALIBRATE_HALF_LIFE_S)
+
+    def observe(self, model: str, predicted_s: float, actual_s: float) -> None:
+        """An answer (or a timeout, actual_s = the deadline) to a request predicted at predicted_s (factor 1)."""
+        if predicted_s < CALIBRATE_MIN_S:
+            return
+        current = self.factor(model)
+        ratio = min(MAX_CALIBRATION, max(1.0, actual_s / predicted_s))
+        self._last[model] = (current + CALIBRATE_WEIGHT * (ratio - current), self.clock())
 
 
 def retry_after_s(wait_s: float) -> int:

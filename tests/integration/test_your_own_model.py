@@ -17,50 +17,17 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from funnel_client import BadRequest, Client
+from tests import toy_model
 from tests.conftest import ROOT, http
+from tests.toy_model import LABELS, expected_scores, funnel
 
-PACKAGE_DIR = ROOT / "tests" / "third_party"
 NAME = "toy-score"
-LABELS = ["low", "middle", "high"]
 RNG = np.random.default_rng(7)
-WEIGHTS = RNG.normal(size=(4, 3)).astype(np.float32)
-BIAS = np.array([0.1, -0.2, 0.05], np.float32)
-
-
-def expected_scores(vectors: np.ndarray) -> np.ndarray:
-    logits = vectors.astype(np.float32) @ WEIGHTS + BIAS
-    e = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def write_graph(path: Path) -> None:
-    """scores = softmax(vectors @ W + b), with a dynamic batch axis."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["vectors", "W"], ["product"]),
-         helper.make_node("Add", ["product", "b"], ["logits"]),
-         helper.make_node("Softmax", ["logits"], ["scores"], axis=1)],
-        "toy-score",
-        [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(WEIGHTS, "W"), numpy_helper.from_array(BIAS, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
-def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "funnel"), *args], env=env,
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def outside_env() -> dict:
-    """The environment of a user whose package is importable: only PYTHONPATH names it."""
-    return {**os.environ, "PYTHONPATH": str(PACKAGE_DIR)}
+    return toy_model.outside_env()
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +35,8 @@ def store(model_store, tmp_path_factory, outside_env) -> Path:
     store = tmp_path_factory.mktemp("store")
     for name in ("image-classifier", "text-embedding"):
         (store / name).symlink_to(model_store / name, target_is_directory=True)
-    work = tmp_path_factory.mktemp("toy")
-    write_graph(work / "toy.onnx")
-    (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
-    done = funnel("add", NAME, "--store", str(store), "--task", "toyscore.tasks:VectorScore",
-                  "--onnx", str(work / "toy.onnx"), "--file", f"labels={work / 'classes.txt'}",
-                  "--set", "dim=4", "--batch-size", "8", "--description", "a toy scorer", env=outside_env)
+    done = toy_model.add_toy(store, tmp_path_factory.mktemp("toy"), NAME, "toyscore.tasks:VectorScore",
+                             "--batch-size", "8", "--description", "a toy scorer")
     assert done.returncode == 0, done.stderr
     assert "VectorScore, input kind json" in done.stdout
     return store

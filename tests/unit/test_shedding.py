@@ -147,7 +147,7 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
             args = [0, 1, budget, *cap.script_args(), b"j1", b"j2"]
-            outcome, _ = gateway._push(keys=[keys.queue(MODEL), keys.inflight("w1")], args=args)
+            outcome, *_ = gateway._push(keys=[keys.queue(MODEL), keys.inflight("w1")], args=args)
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:
                 redis_client.ltrim(keys.queue(MODEL), 2, -1)
@@ -159,3 +159,26 @@ def test_a_full_queue_says_when_it_drains(redis_client, keys):
     with pytest.raises(Overloaded) as caught:
         Gateway(redis_client, keys, max_queue=4).submit(MODEL, pixels(), 30)
     assert caught.value.code == "overloaded" and caught.value.retry_after == 1
+
+
+def test_calibration_follows_late_answers_and_relaxes_back():
+    now = [0.0]
+    calibration = shedding.Calibration(clock=lambda: now[0])
+    assert calibration.factor(MODEL) == 1.0
+    calibration.observe(MODEL, predicted_s=0.1, actual_s=1.0)  # short waits are overhead, not queueing
+    assert calibration.factor(MODEL) == 1.0
+    for _ in range(20):
+        calibration.observe(MODEL, predicted_s=1.0, actual_s=2.0)
+    assert calibration.factor(MODEL) == pytest.approx(2.0, rel=0.01)
+    assert calibration.factor("other") == 1.0  # per model
+    calibration.observe(MODEL, predicted_s=1.0, actual_s=100.0)  # one outlier moves it a bounded step
+    late = calibration.factor(MODEL)
+    assert late < shedding.MAX_CALIBRATION
+    now[0] += shedding.CALIBRATE_HALF_LIFE_S
+    assert calibration.factor(MODEL) == pytest.approx(1 + (late - 1) / 2)  # no answers: halfway back
+    for _ in range(40):
+        calibration.observe(MODEL, predicted_s=1.0, actual_s=0.5)  # early answers: back to the registry's figure
+    assert calibration.factor(MODEL) == pytest.approx(1.0, abs=0.01)
+    cap = capacity([worker("a")], MODEL)
+    queueing = cap.wait_s(100, 1) - shedding.OVERHEAD_S
+    assert cap.wait_s(100, 1, 2.0) - shedding.OVERHEAD_S == pytest.approx(2 * queueing)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -56,3 +57,17 @@ class VectorScore(Task):
     def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
         scores = row["scores"]
         return {"scores": [float(s) for s in scores], "label": self.labels[int(np.argmax(scores))]}
+
+
+class PacedScore(VectorScore):
+    """VectorScore at a fixed speed, like an accelerator that the host's CPU load does not slow.
+
+    Each batch takes model.json's pace_batch_s plus pace_item_s per item. The
+    load-shedding test uses it: on a 2-core machine its own load generator
+    would otherwise slow a CPU model the moment the load arrives.
+    """
+
+    def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
+        config = self.spec.config
+        time.sleep(float(config["pace_batch_s"]) + float(config["pace_item_s"]) * len(items))
+        return super().collate(items)

@@ -1,0 +1,65 @@
+"""The toy scorer of tests/third_party/toyscore: its ONNX graph, its expected answers, and `funnel add` for it.
+
+Used by the your-own-model test and by the load-shedding test (whose PacedScore
+variant runs at a fixed speed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import ROOT
+
+PACKAGE_DIR = ROOT / "tests" / "third_party"
+LABELS = ["low", "middle", "high"]
+WEIGHTS = np.random.default_rng(7).normal(size=(4, 3)).astype(np.float32)
+BIAS = np.array([0.1, -0.2, 0.05], np.float32)
+
+
+def expected_scores(vectors: np.ndarray) -> np.ndarray:
+    logits = vectors.astype(np.float32) @ WEIGHTS + BIAS
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def write_graph(path: Path) -> None:
+    """scores = softmax(vectors @ W + b), with a dynamic batch axis."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["vectors", "W"], ["product"]),
+         helper.make_node("Add", ["product", "b"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["scores"], axis=1)],
+        "toy-score",
+        [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(WEIGHTS, "W"), numpy_helper.from_array(BIAS, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def outside_env() -> dict:
+    """The environment of a user whose package is importable: only PYTHONPATH names it."""
+    return {**os.environ, "PYTHONPATH": str(PACKAGE_DIR)}
+
+
+def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "funnel"), *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:VectorScore",
+            *extra: str) -> subprocess.CompletedProcess:
+    """`funnel add` the toy scorer to store as `name` (extra: more of add's flags)."""
+    write_graph(work / "toy.onnx")
+    (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
+    return funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "toy.onnx"),
+                  "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())
