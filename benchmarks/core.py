@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import ROOT
+from benchmarks import ROOT, save
 from benchmarks.machine import cpu_model
 from funnel.scripts.stack import Stack
 from tests.conftest import http, jpeg_bytes
@@ -132,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
               f"Command: `python -m benchmarks.core --duration {args.duration} --requests {args.requests}` "
               f"(wrk -t1 -c32, one {len(SENTENCE.split())}-word sentence per POST; default web settings, "
               f"ONNX backend, adaptive linger of at most 5 ms)\n\n" + "\n".join(table) + "\n")
-    print(report)
-    out = ROOT / "benchmarks" / "results" / f"core-{dt.datetime.now():%Y%m%d-%H%M}.md"
-    out.write_text(report)
-    print(f"saved {out.relative_to(ROOT)}")
+    save("core", report)
     shutil.rmtree(ROOT / "benchmarks" / "results" / "tmp", ignore_errors=True)
     return 0
 

@@ -34,15 +34,15 @@ def drain(running: Running, max_s: float = 180.0, quiet_cores: float = 0.25, win
 
 def funnel_counters(stack: Stack, model: str) -> dict[str, float]:
     """Summed counters (batches, items, batch_le_<n>) of this model's workers, from their registry hashes."""
-    import redis
+    from funnel.common.connection import connect
 
-    client = redis.Redis.from_url(stack.redis_url)
+    client = connect(stack.redis_url, socket_timeout=10)
     try:
         totals: dict[str, float] = {}
         for worker_id, served in client.hgetall("funnel:workers").items():
             if served.decode() != model:
                 continue
-            for name, value in client.hgetall(f"funnel:worker:{worker_id.decode()}").items():
+            for name, value in client.hgetall(f"funnel:worker:{{{model}}}:{worker_id.decode()}").items():
                 name = name.decode()
                 if name in ("batches", "items") or name.startswith("batch_le_"):
                     totals[name] = totals.get(name, 0) + float(value)

@@ -20,14 +20,14 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import redis
 
-from benchmarks import RESULTS
+from benchmarks import save
 from benchmarks.cpu import CLK_TCK, _stat
 from benchmarks.machine import cpu_model
 from benchmarks.payloads import cat_jpeg
+from funnel.common.connection import connect
 from funnel.scripts.stack import Stack
 from funnel_client import Client
 
@@ -68,7 +68,7 @@ def send(url: str, model: str, requests: int, clients: int) -> float:
 
 
 def measure(stack: Stack, model: str, requests: int, clients: int) -> dict:
-    client = redis.Redis.from_url(stack.redis_url)
+    client = connect(stack.redis_url, socket_timeout=10)
     send(stack.url, model, min(200, requests), clients)  # warm up: workers' cost fits, pools, caches
     client.config_resetstat()
     cpu_before, net_before = redis_cpu_s(stack.redis.process.pid), client.info("stats")
@@ -115,11 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     report = (f"# Redis cost per request, {dt.datetime.now():%Y-%m-%d %H:%M}\n\n"
               f"Machine: {cpu_model()}, {os.cpu_count()} cores; `python -m benchmarks.redis_budget "
               f"--requests {args.requests} --clients {args.clients} --models {args.models}`\n\n{table(rows)}\n")
-    print(report)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(RESULTS) / f"redis-budget-{dt.datetime.now():%Y%m%d-%H%M}.md"
-    out.write_text(report)
-    print(f"saved {out}")
+    save("redis-budget", report)
     return 0
 
 

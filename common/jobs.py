@@ -17,6 +17,10 @@ The state is derived, never stored, except for `cancelled`:
     done       every item answered (failed items carry their error)
     failed     every item answered and every one failed
     cancelled  DELETE /v1/jobs/<id> before it was done: items not yet taken never run
+
+A job submitted with a webhook carries `webhook_url`; the step that makes it
+final (the last item stored, or the cancel) also makes its delivery due, in
+the same script (common/webhooks.py).
 """
 
 from __future__ import annotations
@@ -26,15 +30,18 @@ from dataclasses import dataclass
 
 import redis
 
+from funnel.common import webhooks
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply, now_ms, peek_job
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
 
-# Record fields, all strings in Redis; "state" is "active" until cancelled.
+# Record fields, all strings in Redis; "state" is "active" until cancelled. The webhook_* fields
+# exist only for a job submitted with a webhook; worker/webhook.py writes all but the URL.
 FIELDS = ("model", "total", "done", "failed", "duplicates", "created_ms", "finished_ms",
-          "ttl_ms", "state", "body_sha256")
+          "ttl_ms", "state", "body_sha256", "webhook_url", "webhook_state", "webhook_attempts",
+          "webhook_last_status", "webhook_last_error", "webhook_next_ms", "webhook_claim")
 
 _ID_TIME_DIGITS = 12  # a job id starts with its creation time, epoch ms in hex
 
@@ -69,6 +76,12 @@ class Record:
     ttl_ms: int
     cancelled: bool
     body_sha256: str
+    webhook_url: str = ""
+    webhook_state: str = ""       # "" until the job is final, then pending, delivered or failed
+    webhook_attempts: int = 0
+    webhook_last_status: int = 0  # the receiver's last HTTP status (0: none came back)
+    webhook_last_error: str = ""
+    webhook_next_ms: int = 0
 
     @classmethod
     def parse(cls, job_id: str, raw: dict) -> Record:
@@ -82,7 +95,11 @@ class Record:
                    failed=number("failed"), duplicates=number("duplicates"),
                    created_ms=number("created_ms"), finished_ms=number("finished_ms"),
                    ttl_ms=number("ttl_ms"), cancelled=fields.get("state") == "cancelled",
-                   body_sha256=fields.get("body_sha256", ""))
+                   body_sha256=fields.get("body_sha256", ""), webhook_url=fields.get("webhook_url", ""),
+                   webhook_state=fields.get("webhook_state", ""), webhook_attempts=number("webhook_attempts"),
+                   webhook_last_status=number("webhook_last_status"),
+                   webhook_last_error=fields.get("webhook_last_error", ""),
+                   webhook_next_ms=number("webhook_next_ms"))
 
     @property
     def state(self) -> str:
@@ -92,15 +109,34 @@ class Record:
             return "cancelled"
         return "running" if self.done else "queued"
 
+    def status(self, webhook: bool = True) -> dict:
+        """The job as GET /v1/jobs/<id> shows it (without a page of results), and as its webhook
+        delivers it (webhook=False: without the delivery's own state)."""
+        body: dict = {
+            "id": self.id, "model": self.model, "state": self.state,
+            "progress": {"done": self.done, "total": self.total, "failed": self.failed},
+            "created_ms": self.created_ms, "finished_ms": self.finished_ms or None,
+            "ttl_s": self.ttl_ms // 1000,
+            "links": {"self": f"/v1/jobs/{self.id}", "results": f"/v1/jobs/{self.id}/results"},
+        }
+        if webhook and self.webhook_url:
+            state = self.webhook_state or "pending"  # pending: the job is not final yet, or it is due
+            body["webhook"] = {
+                "url": self.webhook_url, "state": state, "attempts": self.webhook_attempts,
+                "last_status": self.webhook_last_status or None, "last_error": self.webhook_last_error or None,
+                "next_attempt_ms": (self.webhook_next_ms or None) if self.webhook_state == "pending" else None,
+            }
+        return body
+
 
 # -- the worker's side -------------------------------------------------------
 
-# KEYS: job record, results hash. ARGV: now (ms), then (index, reply, ok 1/0) triples.
-# An expired or unknown job's results are dropped: nothing would ever read them.
-_STORE = """
+# KEYS: job record, results hash, due webhooks. ARGV: now (ms), job id, then (index, reply, ok 1/0)
+# triples. An expired or unknown job's results are dropped: nothing would ever read them.
+_STORE = webhooks.ENQUEUE_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local new, failed, seen = 0, 0, 0
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   seen = seen + 1
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
     new = new + 1
@@ -112,6 +148,7 @@ if failed > 0 then redis.call('HINCRBY', KEYS[1], 'failed', failed) end
 if seen > new then redis.call('HINCRBY', KEYS[1], 'duplicates', seen - new) end
 if new > 0 and done >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
   redis.call('HSET', KEYS[1], 'finished_ms', ARGV[1])
+  webhook_due(KEYS[1], KEYS[3], ARGV[2], ARGV[1])
 end
 local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -123,13 +160,13 @@ return new
 def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> None:
     """Queue, on a pipeline (MULTI), the store of these item replies into their job's results hash."""
     job_id = keys.job_of_results(results_key)
-    args: list = [now_ms()]
+    args: list = [now_ms(), job_id]
     for reply in replies:
         head, _, index = reply.id.rpartition("-")
         if head == job_id and index.isdigit():  # else not an item of this job (a forged message)
             args += [int(index), encode_reply(reply), int(reply.ok)]
-    if len(args) > 1:
-        pipe.register_script(_STORE)(keys=[keys.job(job_id), results_key], args=args)
+    if len(args) > 2:
+        pipe.register_script(_STORE)(keys=[keys.job(job_id), results_key, keys.webhooks_due()], args=args)
 
 
 def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[list[bytes], int]:

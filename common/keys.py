@@ -1,4 +1,22 @@
-"""Redis key names, human-readable under one prefix so redis-cli shows the system."""
+"""Redis key names, human-readable under one prefix so redis-cli shows the system.
+
+Every key one job touches in one atomic step (the push script, the take, the
+reply MULTI, recovery's claim and requeue) carries its model as a Redis
+Cluster hash tag, `{<model>}`: Redis hashes only what is between the braces,
+so on a cluster a model's queues, its workers' in-flight lists and heartbeat
+hashes, its dead letters and the reply lists its workers answer to share one
+hash slot (one node), and different models spread over the nodes. On a single
+Redis the braces are just characters. Layout (docs/redis.md):
+
+    funnel:queue:{text-embedding}              funnel:bulk:{text-embedding}
+    funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
+    funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
+    funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
+    funnel:reply:{text-embedding}:<job id>     (FUNNEL_REPLY_INBOX=0: one request's reply)
+
+Keys read only by single-key commands (funnel:workers, funnel:device-claims)
+and the bulk jobs' keys (funnel:job:<id>..., funnel:webhooks) carry no tag.
+"""
 
 from __future__ import annotations
 
@@ -15,27 +33,41 @@ def check_name(name: str) -> str:
     return name
 
 
+def tag(model: str) -> str:
+    """The hash tag of a model's keys: on Redis Cluster they all hash to one slot."""
+    return "{" + check_name(model) + "}"
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "funnel"
+    # On Redis Cluster a worker answers only to its own model's reply lists: a bulk job's results
+    # hash lives in another slot (bulk jobs are refused there, web/app.py).
+    cluster: bool = False
+
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"the key prefix may not hold braces (hash tags): {self.prefix!r}")
 
     def queue(self, model: str) -> str:
         """List of msgpack jobs: web LPUSHes, workers take from the right."""
-        return f"{self.prefix}:queue:{check_name(model)}"
+        return f"{self.prefix}:queue:{tag(model)}"
 
-    def reply(self, job_id: str) -> str:
-        """List holding one msgpack reply, with a TTL."""
-        return f"{self.prefix}:reply:{check_name(job_id)}"
+    def reply(self, model: str, name: str) -> str:
+        """List of msgpack replies for jobs of `model`: one web process's inbox ("web-<hex>") or one
+        request's reply (its job id), with a TTL; in the model's slot, as its workers' reply MULTI needs."""
+        return f"{self.prefix}:reply:{tag(model)}:{check_name(name)}"
 
-    def is_reply(self, key: str) -> bool:
-        """A key a worker may answer to: a reply list, or a bulk job's results hash."""
-        head = f"{self.prefix}:reply:"
-        return (key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))) or bool(
-            self.job_of_results(key))
+    def is_reply(self, key: str, model: str) -> bool:
+        """A key a worker of `model` may answer to: the model's reply list, or (not on a cluster) a
+        bulk job's results hash."""
+        head = f"{self.prefix}:reply:{tag(model)}:"
+        return (key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))) or (
+            not self.cluster and bool(self.job_of_results(key)))
 
     def bulk(self, model: str) -> str:
         """List of msgpack jobs that are items of async and bulk jobs: taken after the interactive queue."""
-        return f"{self.prefix}:bulk:{check_name(model)}"
+        return f"{self.prefix}:bulk:{tag(model)}"
 
     def job(self, job_id: str) -> str:
         """Hash: one async or bulk job's record (common/jobs.py), with a TTL."""
@@ -62,25 +94,27 @@ class Keys:
         """String: the job id an Idempotency-Key (its SHA-256, hex) created for a model, with the job's TTL."""
         return f"{self.prefix}:idempotency:{check_name(model)}:{check_name(digest)}"
 
-    def inflight(self, worker_id: str) -> str:
-        """Jobs one worker holds between taking and answering them."""
-        return f"{self.prefix}:inflight:{check_name(worker_id)}"
+    def webhooks_due(self) -> str:
+        """Sorted set: job id -> when its webhook delivery is next due (ms); a claimed one is pushed
+        a lease ahead, so a deliverer that dies hands it back (worker/webhook.py)."""
+        return f"{self.prefix}:webhooks"
 
-    def recovering(self, worker_id: str) -> str:
+    def inflight(self, model: str, worker_id: str) -> str:
+        """Jobs one worker of `model` holds between taking and answering them."""
+        return f"{self.prefix}:inflight:{tag(model)}:{check_name(worker_id)}"
+
+    def recovering(self, model: str, worker_id: str) -> str:
         """A dead worker's jobs while a peer puts them back on their queue."""
-        return f"{self.prefix}:recovering:{check_name(worker_id)}"
+        return f"{self.prefix}:recovering:{tag(model)}:{check_name(worker_id)}"
 
-    def recovering_lock(self, worker_id: str) -> str:
+    def recovering_lock(self, model: str, worker_id: str) -> str:
         """Held by the one peer recovering a dead worker, with a TTL in case it dies too."""
-        return self.recovering(worker_id) + ":lock"
+        return self.recovering(model, worker_id) + ":lock"
 
-    def worker(self, worker_id: str) -> str:
-        """Hash describing a live worker, kept alive by its heartbeat TTL."""
-        return self.worker_prefix() + check_name(worker_id)
-
-    def worker_prefix(self) -> str:
-        """What every worker hash's name starts with (Lua scripts append an id)."""
-        return f"{self.prefix}:worker:"
+    def worker(self, model: str, worker_id: str) -> str:
+        """Hash describing a live worker, kept alive by its heartbeat TTL; in its model's slot, as
+        recovery's claim script reads it with the worker's in-flight list."""
+        return f"{self.prefix}:worker:{tag(model)}:{check_name(worker_id)}"
 
     def workers(self) -> str:
         """Hash of registered worker id -> model, live or dead until recovered."""
@@ -88,15 +122,23 @@ class Keys:
 
     def dead(self, model: str) -> str:
         """Jobs that could not be decoded or answered."""
-        return f"{self.prefix}:dead:{check_name(model)}"
+        return f"{self.prefix}:dead:{tag(model)}"
 
     def device_claims(self) -> str:
         """Sorted set of recent FUNNEL_DEVICE=auto choices, "<device> <worker id>" scored by expiry (ms)."""
         return f"{self.prefix}:device-claims"
 
     def pattern(self, kind: str) -> str:
-        """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ..."""
+        """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
+        (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "bulk", "reply", "inflight", "recovering", "worker", "dead", "job",
                         "idempotency"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
+
+
+def model_of(key: str) -> str:
+    """The model a tagged key belongs to ("funnel:inflight:{m}:w1" -> "m"), else ""."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1:end] if start >= 0 and end > start + 1 else ""

@@ -1,6 +1,6 @@
 """The worker registry: what every worker publishes about itself in Redis, and how it is read.
 
-Each worker keeps `funnel:worker:<id>`, a hash with a heartbeat TTL, holding
+Each worker keeps `funnel:worker:{<model>}:<id>`, a hash with a heartbeat TTL, holding
 its description (INFO_FIELDS), its running totals (COUNTERS) and its
 batch-size histogram (one `batch_le_<n>` field per bucket), and lists itself
 in `funnel:workers` (id -> model) until its jobs are recovered. Workers write
@@ -52,19 +52,22 @@ def bucket_field(bound: int) -> str:
 
 
 def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str, Any], ttl_s: float) -> None:
-    """Write a worker's hash, refresh its TTL and list it, in one transaction."""
-    key = keys.worker(worker_id)
+    """List a worker, then write its hash and refresh its TTL in one transaction (a hash never
+    outlives its TTL). Two steps, as the list and the hash live in different slots on a cluster;
+    listed without a hash it looks dead until the next beat, and recovery finds nothing to move."""
+    model = str(fields["model"])
+    key = keys.worker(model, worker_id)
+    client.hset(keys.workers(), worker_id, model)
     pipe = client.pipeline(transaction=True)
     pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
     pipe.pexpire(key, int(ttl_s * 1000))
-    pipe.hset(keys.workers(), worker_id, str(fields["model"]))
     pipe.execute()
 
 
-def withdraw(client: redis.Redis, keys: Keys, worker_id: str) -> None:
+def withdraw(client: redis.Redis, keys: Keys, model: str, worker_id: str) -> None:
     """Drop a stopping worker's hash; it stays listed while it holds jobs, for recovery."""
-    client.delete(keys.worker(worker_id))
-    if not client.exists(keys.inflight(worker_id)):
+    client.delete(keys.worker(model, worker_id))
+    if not client.exists(keys.inflight(model, worker_id)):
         client.hdel(keys.workers(), worker_id)
 
 
@@ -74,11 +77,12 @@ def registered(client: redis.Redis, keys: Keys) -> dict[str, str]:
     return {w.decode(): m.decode() for w, m in listed.items()}
 
 
-def alive(client: redis.Redis, keys: Keys, worker_ids: list[str]) -> list[bool]:
-    """Whether each worker's heartbeat hash still exists, in one round trip."""
+def alive(client: redis.Redis, keys: Keys, workers: Mapping[str, str]) -> list[bool]:
+    """Whether each worker's (id -> model) heartbeat hash still exists, in one round trip
+    (one per node on a cluster: redis-py's cluster pipeline splits single-key commands by node)."""
     pipe = client.pipeline(transaction=False)
-    for worker_id in worker_ids:
-        pipe.exists(keys.worker(worker_id))
+    for worker_id, model in workers.items():
+        pipe.exists(keys.worker(model, worker_id))
     return [bool(n) for n in pipe.execute()]
 
 
@@ -87,10 +91,11 @@ def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
 
     Raises redis.RedisError when Redis is unreachable: callers answer 503.
     """
-    ids = sorted(registered(client, keys))
+    listed = registered(client, keys)
+    ids = sorted(listed)
     pipe = client.pipeline(transaction=False)
     for worker_id in ids:
-        pipe.hgetall(keys.worker(worker_id))
+        pipe.hgetall(keys.worker(listed[worker_id], worker_id))
     found = pipe.execute()
     return [{"id": worker_id, **{k.decode(): v.decode() for k, v in info.items()}}
             for worker_id, info in zip(ids, found) if info]

@@ -37,10 +37,16 @@ class SharedSettings:
     """
 
     redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis://, or rediss:// for TLS; "
-                             "a password may be given as redis://:PASSWORD@host)")
+                             "a password may be given as redis://:PASSWORD@host), or the Sentinels of a primary: "
+                             "redis+sentinel://[:PASSWORD@]HOST:26379,HOST:26379/SERVICE/DB (docs/redis.md)")
     prefix: str = setting("funnel", "prefix of every Redis key")
     model_store: str = setting("model_store", "model store directory (one folder per model)")
     log_level: str = setting("info", "logging level (debug, info, warning, error)")
+    webhook_secret: str = setting("", "shared secret that signs job webhooks (HMAC-SHA256, the "
+                                  "Funnel-Signature header); without it, a submit naming a webhook is refused",
+                                  secret=True)
+    webhook_allow_hosts: list[str] = setting([], "webhook destinations allowed although private, loopback or "
+                                             "link-local: host names, addresses or networks, comma-separated")
 
 
 def env_name(field: str) -> str:
@@ -87,7 +93,8 @@ def load(cls: type[T], argv: list[str] | None = None,
             except ValueError as exc:
                 parser.error(f"{env}: {exc}")
         flag = "--" + field.name.replace("_", "-")
-        help_text = f"{field.metadata.get('help', '')} [env {env}, default {default!r}]"
+        shown = "(set)" if field.metadata.get("secret") and default else repr(default)  # never print a secret
+        help_text = f"{field.metadata.get('help', '')} [env {env}, default {shown}]"
         if hints[field.name] is bool:
             parser.add_argument(flag, default=default, help=help_text,
                                 action=argparse.BooleanOptionalAction)

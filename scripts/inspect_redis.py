@@ -1,8 +1,8 @@
 """`funnel inspect`: look inside a running Funnel: queues, in-flight jobs, dead letters, workers, a job.
 
     funnel inspect [--redis-url URL] [--prefix funnel]            # summary
-    funnel inspect show funnel:queue:text-embedding [INDEX]       # a job as JSON
-    funnel inspect show funnel:dead:image-classifier 0
+    funnel inspect show 'funnel:queue:{text-embedding}' [INDEX]   # a job as JSON
+    funnel inspect show 'funnel:dead:{image-classifier}' 0
 
 Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
 left and taken from the right.
@@ -19,7 +19,8 @@ import time
 import redis
 
 from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.connection import connect, scan_keys
+from funnel.common.keys import Keys, model_of
 from funnel.common.wire import WireError, decode_job
 
 
@@ -39,7 +40,7 @@ def job_json(raw: bytes) -> dict:
 
 
 def keys_of(client: redis.Redis, pattern: str) -> list[str]:
-    return sorted(k.decode() for k in client.scan_iter(match=pattern, count=500))
+    return sorted(k.decode() for k in scan_keys(client, pattern))  # every primary of a cluster
 
 
 def summary(client: redis.Redis, keys: Keys) -> str:
@@ -51,7 +52,8 @@ def summary(client: redis.Redis, keys: Keys) -> str:
     lines += ["", f"{'in flight':<44}{'jobs':>6}  worker"]
     for key in keys_of(client, keys.pattern("inflight")):
         worker_id = key.rsplit(":", 1)[1]
-        state = "alive" if registry.alive(client, keys, [worker_id])[0] else "DEAD (awaiting recovery)"
+        is_live = registry.alive(client, keys, {worker_id: model_of(key)})[0]
+        state = "alive" if is_live else "DEAD (awaiting recovery)"
         lines.append(f"{key:<44}{client.llen(key):>6}  {state}")
     lines += ["", f"{'dead letters':<44}{'jobs':>6}"]
     for key in keys_of(client, keys.pattern("dead")):
@@ -78,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("key", nargs="?", help="with show: a queue, in-flight or dead-letter list")
     parser.add_argument("index", nargs="?", type=int, default=-1, help="with show: list index (-1: oldest)")
     args = parser.parse_args(argv)
-    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=2)
+    client = connect(args.redis_url, socket_timeout=10)  # redis://, rediss://, redis+sentinel:// or redis+cluster://
     keys = Keys(args.prefix)
     if args.command == "summary":
         print(summary(client, keys))
         return 0
     if not args.key:
-        parser.error("show needs a key, e.g. funnel:queue:text-embedding")
+        parser.error("show needs a key, e.g. 'funnel:queue:{text-embedding}'")
     raw = client.lindex(args.key, args.index)
     if raw is None:
         print(f"{args.key}[{args.index}]: no such job", file=sys.stderr)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from funnel.common import settings
 from funnel.common.store import list_models
+from funnel.scripts import processes
 from funnel.scripts.front_door import FrontDoor, nginx_binary
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.web.settings import WebSettings
@@ -33,7 +34,7 @@ def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dic
         return json.load(response)
 
 
-class Stack:
+class Stack(processes.Service):
     """Redis + web + workers, each a child process with FUNNEL_* settings."""
 
     def __init__(self, *, port: int | None = None, redis_url: str | None = None,
@@ -142,15 +143,6 @@ class Stack:
         if self.redis:
             self.redis.stop()
 
-    def __enter__(self) -> Stack:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

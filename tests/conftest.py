@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from funnel.common.keys import Keys
-from funnel.scripts.redis_local import LocalRedis
+from funnel.scripts.redis_local import LocalCluster, LocalRedis, LocalSentinels
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "model_store"
@@ -66,6 +66,22 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def redis_server():
     with LocalRedis() as server:
         yield server
+
+
+@pytest.fixture()
+def sentinels():
+    """A primary, a replica and three Sentinels on 127.0.0.1, fresh for each test (a failover
+    changes which is the primary): FUNNEL_REDIS_URL is sentinels.url."""
+    with LocalSentinels() as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="module")
+def redis_cluster():
+    """Three cluster-enabled primaries on 127.0.0.1 joined by `redis-cli --cluster create`, up to
+    cluster_state:ok: FUNNEL_REDIS_URL is redis_cluster.url (redis+cluster://)."""
+    with LocalCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture()
@@ -146,3 +162,64 @@ def metric(text: str, name: str, **labels) -> float:
                 found = True
     assert found, f"{name} {labels} not in /metrics"
     return total
+
+
+class WebhookReceiver:
+    """A webhook endpoint on 127.0.0.1 (http.server on a thread): records every delivery and answers
+    each with the next of `statuses` (then 200); a status of None holds the request unanswered until
+    release() (a receiver that hangs)."""
+
+    def __init__(self, statuses: list[int | None] | None = None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.statuses = list(statuses or [])
+        self.deliveries: list[tuple[dict, bytes]] = []
+        self.paths: list[str] = []
+        self.arrived = threading.Condition()
+        self.released = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver.arrived:
+                    receiver.deliveries.append((dict(self.headers), body))
+                    receiver.paths.append(self.path)
+                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                    receiver.arrived.notify_all()
+                if status is None:
+                    receiver.released.wait(60)
+                    return
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/hooks/funnel?source=test"
+
+    def wait_for(self, count: int, timeout_s: float = 30) -> list[tuple[dict, bytes]]:
+        with self.arrived:
+            if not self.arrived.wait_for(lambda: len(self.deliveries) >= count, timeout=timeout_s):
+                raise TimeoutError(f"{len(self.deliveries)} webhook deliveries after {timeout_s} s, not {count}")
+            return list(self.deliveries)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __enter__(self) -> WebhookReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()

@@ -21,6 +21,7 @@ from funnel.common.errors import Overloaded, Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, Reply, decode_reply, encode_job, now_ms
 from funnel.web.inbox import Inbox
+from funnel.web.outbox import Outbox
 from funnel.web.shedding import NO_WORKER_RETRY_AFTER_S, Calibration, Capacity, WorkerView, retry_after_s
 
 # In one step, so concurrent requests cannot overfill the queue: LPUSH the jobs
@@ -49,12 +50,13 @@ return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, 10)), ahead}
 
 class Gateway:
     def __init__(self, client: redis.Redis, keys: Keys, max_queue: int = 0, inbox: Inbox | None = None,
-                 shed: bool = True, hold_without_workers: bool = False):
+                 shed: bool = True, hold_without_workers: bool = False, outbox: bool = False):
         self.client, self.keys, self.max_queue, self.inbox = client, keys, max_queue, inbox
         self.shed, self.hold_without_workers = shed, hold_without_workers
         self.workers = WorkerView(client, keys)
         self.calibration = Calibration()
         self._push = client.register_script(_PUSH_BOUNDED)
+        self.outbox = Outbox(client, self._push) if outbox else None
 
     def submit(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float,
                raw: bool = False) -> list[Reply]:
@@ -71,17 +73,19 @@ class Gateway:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         ids = [uuid.uuid4().hex for _ in inputs]
         inbox = self.inbox
-        waiter = inbox.expect(ids) if inbox else None
-        reply_to = [inbox.key] * len(ids) if inbox else [self.keys.reply(i) for i in ids]
+        waiter = inbox.expect(model, ids) if inbox else None
+        # Reply lists in the model's slot, with its queue and in-flight lists (common/keys.py).
+        reply_to = [inbox.key(model)] * len(ids) if inbox else [self.keys.reply(model, i) for i in ids]
         jobs = [Job(id=job_id, model=model, inputs=item, reply_to=to, deadline=deadline, raw=raw)
                 for job_id, item, to in zip(ids, inputs, reply_to)]
         estimate = self.shed and capacity.known
         calibration = self.calibration.factor(model)
-        keys = [self.keys.queue(model), *(map(self.keys.inflight, capacity.workers) if estimate else ())]
+        keys = [self.keys.queue(model), *(self.keys.inflight(model, w) for w in capacity.workers if estimate)]
         args: list[bytes | str | int | float] = [self.max_queue, int(estimate), timeout_s,
                                                  *capacity.script_args(calibration), *map(encode_job, jobs)]
         try:
-            outcome, count, *ahead = self._push(keys=keys, args=args)
+            outcome, count, *ahead = (self.outbox.push(keys, args, timeout_s) if self.outbox
+                                      else self._push(keys=keys, args=args))
             if outcome == 0:
                 raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
                                  retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))

@@ -5,6 +5,13 @@ connection held while it waits. Instead, every job of this process names the
 same reply list; a listener thread pops whatever replies are there in one
 round trip (BRPOP, then RPOP COUNT for the rest, pipelined) and hands each to
 the request that waits for its job id.
+
+The inbox is one list per model, `funnel:reply:{<model>}:web-<hex>`, each read
+by a thread of its own, started at the process's first request for the model:
+a worker's reply MULTI writes the inbox with its model's in-flight list, so on
+Redis Cluster the inbox must be in the model's slot, and a BRPOP may not span
+slots. One listener per list keeps each round trip at today's two commands on
+a single Redis too (one BRPOP over several lists would need an RPOP for each).
 """
 
 from __future__ import annotations
@@ -32,18 +39,23 @@ RETRY_S = 0.2        # pause after a Redis error before listening again
 class Inbox:
     def __init__(self, client: redis.Redis, keys: Keys, on_unclaimed: Callable[[], None] = lambda: None):
         self.client, self.keys, self.on_unclaimed = client, keys, on_unclaimed
-        self._waiting: dict[str, SimpleQueue] = {}
-        self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own thread
+        self._waiting: dict[str, tuple[str, SimpleQueue]] = {}  # job id -> (model, its request's queue)
+        self._inboxes: dict[str, str] = {}  # model -> this process's reply list for it
+        self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own threads
         self._start_lock = threading.Lock()
         self._closed = threading.Event()
-        self.key = ""
+        self._name = ""  # "web-<hex>", this process's part of its reply lists' names
 
-    def expect(self, job_ids: list[str]) -> SimpleQueue:
+    def key(self, model: str) -> str:
+        """The reply list this process's jobs of `model` name (after expect)."""
+        return self._inboxes[model]
+
+    def expect(self, model: str, job_ids: list[str]) -> SimpleQueue:
         """Register jobs before they are queued, so no reply can arrive unclaimed."""
-        self._ensure_listening()
+        self._ensure_listening(model)
         waiter: SimpleQueue = SimpleQueue()
         for job_id in job_ids:
-            self._waiting[job_id] = waiter
+            self._waiting[job_id] = (model, waiter)
         return waiter
 
     def collect(self, waiter: SimpleQueue, job_ids: list[str], deadline: int) -> list[Reply]:
@@ -64,18 +76,22 @@ class Inbox:
         for job_id in job_ids:
             self._waiting.pop(job_id, None)
 
-    def _ensure_listening(self) -> None:
-        if self._started_in == os.getpid():
+    def _ensure_listening(self, model: str) -> None:
+        if self._started_in == os.getpid() and model in self._inboxes:
             return
         with self._start_lock:
             if self._started_in != os.getpid():
-                self._waiting.clear()  # a fork inherits the parent's map, not its thread
-                self.key = self.keys.reply(f"web-{uuid.uuid4().hex}")
-                threading.Thread(target=self._listen, name="reply-inbox", daemon=True).start()
+                self._waiting.clear()  # a fork inherits the parent's maps, not its threads
+                self._inboxes = {}
+                self._name = f"web-{uuid.uuid4().hex}"
                 self._started_in = os.getpid()
+            if model not in self._inboxes:
+                key = self.keys.reply(model, self._name)
+                threading.Thread(target=self._listen, args=(model, key), name=f"reply-inbox-{model}",
+                                 daemon=True).start()
+                self._inboxes[model] = key
 
-    def _listen(self) -> None:
-        key = self.key
+    def _listen(self, model: str, key: str) -> None:
         while not self._closed.is_set():
             try:
                 pipe = self.client.pipeline(transaction=False)
@@ -85,30 +101,31 @@ class Inbox:
             except Exception as exc:  # never let the thread die: every request of the process waits on it
                 if not isinstance(exc, redis.RedisError):
                     log.exception("reply inbox %s: unexpected error, listening again", key)
-                self._fail_waiting(Unavailable(f"queue unavailable: {type(exc).__name__}"))
+                self._fail_waiting(model, Unavailable(f"queue unavailable: {type(exc).__name__}"))
                 self._closed.wait(RETRY_S)
                 continue
             if first:
-                self._route([first[1], *(rest or [])])
+                self._route(key, [first[1], *(rest or [])])
 
     def close(self) -> None:
         """Stop listening (tests; a web process just exits)."""
         self._closed.set()
 
-    def _route(self, payloads: list[bytes]) -> None:
+    def _route(self, key: str, payloads: list[bytes]) -> None:
         for data in payloads:
             try:
                 reply = decode_reply(data)
             except WireError as exc:
-                log.warning("dropped an undecodable reply in %s: %s", self.key, exc)
+                log.warning("dropped an undecodable reply in %s: %s", key, exc)
                 continue
-            waiter = self._waiting.pop(reply.id, None)  # popped: a second answer finds nobody
-            if waiter is not None:
-                waiter.put(reply)
+            waiting = self._waiting.pop(reply.id, None)  # popped: a second answer finds nobody
+            if waiting is not None:
+                waiting[1].put(reply)
             else:  # its request gave up (deadline) and left, or the job was answered twice
                 self.on_unclaimed()
 
-    def _fail_waiting(self, error: Exception) -> None:
-        """Redis went away: replies may be lost with it, so nobody waits for them."""
-        for waiter in set(self._waiting.values()):
+    def _fail_waiting(self, model: str, error: Exception) -> None:
+        """Redis (on a cluster, the model's node) went away: replies may be lost with it, so nobody
+        waits for them."""
+        for waiter in {waiter for of, waiter in list(self._waiting.values()) if of == model}:
             waiter.put(error)

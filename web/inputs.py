@@ -1,6 +1,7 @@
 """Reading a request's items, by the input kind of the model's task.
 
-    image  one image: multipart field `file`, or a raw image/* (or octet-stream) body
+    image  one image: multipart field `file`, or a raw image/* (or octet-stream) body;
+           a bulk job's images: multipart, one `file` field each (read_images)
     text   JSON {"text": "..."} or {"texts": ["...", ...]}
     json   JSON {"input": <any JSON value>} or {"inputs": [<value>, ...]}
 
@@ -52,6 +53,23 @@ def read_image(request: Request) -> bytes:
     if not data:
         raise BadInput("the image is empty", code="empty_input")
     return data
+
+
+def read_images(request: Request, max_items: int) -> list[bytes]:
+    """Many images for one bulk job: multipart, one `file` field per image."""
+    if request.mimetype != "multipart/form-data":
+        raise UnsupportedMediaType("send a bulk job's images as multipart/form-data, one field named 'file' "
+                                   f"per image, not {request.mimetype or 'no content type'}")
+    uploads = request.files.getlist("file")
+    if not uploads:
+        raise BadInput("multipart upload needs a field named 'file' (one per image)", code="missing_file")
+    if len(uploads) > max_items:
+        raise BadInput(f"{len(uploads)} images in one job; the limit is {max_items}", code="too_many_items")
+    images = [upload.read() for upload in uploads]
+    for i, data in enumerate(images):
+        if not data:
+            raise BadInput(f"item {i}: the image is empty", code="empty_input")
+    return images
 
 
 def read_json_items(request: Request, one: str, many: str, max_items: int) -> tuple[list[Any], bool]:

@@ -9,6 +9,7 @@ import tempfile
 
 from gunicorn.app.base import BaseApplication
 
+from funnel.web import response
 from funnel.web.settings import WebSettings
 
 
@@ -64,5 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics_dir()
+    if settings.one_send:
+        response.install()
     WebServer(settings).run()
     return 0

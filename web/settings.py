@@ -28,6 +28,10 @@ class WebSettings(SharedSettings):
     api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated (default: open)")
     reply_inbox: bool = setting(True, "wait for replies through one shared inbox per process "
                                 "(off: one BLPOP per request, on a reply key of its own)")
+    one_send: bool = setting(True, "send each answer's headers with its body, in one send instead of two "
+                             "(web/response.py)")
+    outbox: bool = setting(True, "send the pushes of concurrent requests to Redis in one pipeline per "
+                           "round trip, from one sender per process (off: one round trip per request)")
     processes: int = setting(2, "gunicorn worker processes")
     worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
                                 "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
@@ -38,6 +42,8 @@ class WebSettings(SharedSettings):
     max_bulk_queue: int = setting(1_000_000, "answer 503 to a job submit that would make a model's bulk "
                                   "queue longer than this")
     access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")
+    max_job_images: int = setting(256, "most images in one bulk job (each holds 150 KB of pixels in the web "
+                                  "process while it is queued, and in Redis until it is run)")
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WebSettings:

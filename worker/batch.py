@@ -43,14 +43,14 @@ def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str) -> Batch:
     for raw in raws:
         try:
             job = decode_job(raw)
-            if job.model != model or not keys.is_reply(job.reply_to):
+            if job.model != model or not keys.is_reply(job.reply_to, model):
                 raise WireError(f"job for model {job.model!r} replying to {job.reply_to!r} "
                                 f"does not belong on this queue")
         except WireError as exc:
             log.warning("dead-lettering an undecodable job (%d bytes): %s", len(raw), exc)
             batch.dead.append(raw)
             seen = peek_job(raw)
-            if "id" in seen and keys.is_reply(seen.get("reply_to", "")):
+            if "id" in seen and keys.is_reply(seen.get("reply_to", ""), model):
                 batch.replies.append((seen["reply_to"], Reply.failure(
                     seen["id"], "bad_job", f"job could not be decoded: {exc}", worker=worker_id)))
             continue

@@ -1,4 +1,4 @@
-"""Registration and heartbeat: funnel:worker:<id> lives while its worker does.
+"""Registration and heartbeat: funnel:worker:{<model>}:<id> lives while its worker does.
 
 A thread refreshes the key's TTL on its own clock, so a long batch never
 makes a live worker look dead, and on the same clock sweeps for dead peers
@@ -36,7 +36,7 @@ class Heartbeat:
 
     def start(self) -> None:
         # A previous life under this id is over: recover what it held, then register.
-        self.client.delete(self.keys.worker(self.worker_id))
+        self.client.delete(self.keys.worker(self.info["model"], self.worker_id))
         self.stats.add(recovered=self.recovery.recover(self.worker_id, self.info["model"]))
         self.beat()
         self._thread.start()
@@ -59,6 +59,6 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=self.ttl_s)
         try:
-            registry.withdraw(self.client, self.keys, self.worker_id)
+            registry.withdraw(self.client, self.keys, self.info["model"], self.worker_id)
         except redis.RedisError as exc:
             log.warning("could not deregister: %s", exc)

@@ -10,6 +10,7 @@ import time
 from functools import partial
 
 import redis
+from redis.cluster import RedisCluster
 
 from funnel.common import tasks
 from funnel.common.connection import connect
@@ -25,19 +26,22 @@ from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import answer
 from funnel.worker.settings import WorkerSettings
+from funnel.worker.webhook import Deliverer
 
 log = logging.getLogger("funnel.worker")
 batch_log = logging.getLogger("funnel.worker.batch")
 
 BLOCK_S = 1.0  # longest idle wait, so a stop request is seen within a second
-MAX_BACKOFF_S = 2.0
+# A Sentinel failover ends within seconds: a worker asleep longer than this after it adds to
+# every waiting request, and two tries a second cost a Redis that is down nothing.
+MAX_BACKOFF_S = 0.5
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     spec = load_spec(settings.model_store, settings.model)
     task = tasks.load(spec)
-    keys = Keys(settings.prefix)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
+    keys = Keys(settings.prefix, cluster=isinstance(client, RedisCluster))
     device = retrying(lambda: devices.resolve(settings.device, settings.devices, settings.backend,  # auto
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
@@ -52,6 +56,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
         "batch_size": batch_size, "linger_ms": settings.linger_ms, "linger_mode": settings.linger_mode},
         recovery, settings.heartbeat_ttl_s)
     retrying(heartbeat.start, stop)
+    deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own
     log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
              spec.name, batch_size, settings.linger_ms, keys.queue(spec.name))
     try:
@@ -66,6 +71,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
             linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
             record(heartbeat.stats, batch, queue.last_wait_s, spec.name, settings.log_batches)
     finally:
+        deliverer.stop()
         heartbeat.stop()
     log.info("worker %s stopped", settings.worker_id)
 

@@ -1,14 +1,20 @@
 """Taking jobs: atomically from the model's queues into this worker's in-flight list.
 
 Jobs are moved, never popped, so a worker that dies holding them leaves them
-in funnel:inflight:<worker id> for recovery instead of losing them.
+in funnel:inflight:{<model>}:<worker id> for recovery instead of losing them.
+All three lists carry the model's hash tag, so on Redis Cluster the take's
+script and BLMOVE stay in one slot.
 
-Two queues per model: funnel:queue:<model> (interactive requests) and
-funnel:bulk:<model> (the items of async and bulk jobs). A batch is filled
+Two queues per model: funnel:queue:{<model>} (interactive requests) and
+funnel:bulk:{<model>} (the items of async and bulk jobs). A batch is filled
 from the interactive queue first, but bulk items waiting get
 ceil(bulk_share x batch size) of its places (at least one), so a bulk job
 progresses under any interactive load; places that neither queue fills are
-the interactive queue's again. An idle worker blocks on the interactive
+the interactive queue's again. While interactive jobs keep coming (one taken
+within INTERACTIVE_RECENT_S), bulk items never take more than their share,
+even of a batch that nothing else fills: an interactive request then waits
+behind a small bulk batch, not a full one. With no interactive traffic, bulk
+items fill whole batches. An idle worker blocks on the interactive
 queue only, so it notices new bulk items within block_s (a second).
 """
 
@@ -25,28 +31,31 @@ from funnel.worker.linger import Linger
 
 # Move up to ARGV[1] jobs from the queues' old ends into the in-flight list
 # KEYS[2] in one round trip (RPOP with a count needs Redis 6.2): from the
-# interactive queue KEYS[1] all but ARGV[2] places, then bulk items from KEYS[3]
-# into the rest, then the interactive queue again into what bulk left.
+# interactive queue KEYS[1] all but ARGV[2] places, then up to ARGV[3] bulk
+# items from KEYS[3] into the rest, then the interactive queue again into what
+# bulk left. Returns {interactive jobs taken, all jobs taken}.
 _TAKE_MORE = """
-local want, share = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, share, bulk_cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local taken = {}
 local function take(queue, count)
-  if count <= 0 then return end
+  if count <= 0 then return 0 end
   local jobs = redis.call('RPOP', queue, count)
-  if not jobs then return end
+  if not jobs then return 0 end
   for i = 1, #jobs do
     redis.call('LPUSH', KEYS[2], jobs[i])
     taken[#taken + 1] = jobs[i]
   end
+  return #jobs
 end
-take(KEYS[1], want - share)
-take(KEYS[3], want - #taken)
-take(KEYS[1], want - #taken)
-return taken
+local interactive = take(KEYS[1], want - share)
+take(KEYS[3], math.min(bulk_cap, want - #taken))
+interactive = interactive + take(KEYS[1], want - #taken)
+return {interactive, taken}
 """
 
 
 POLL_S = 0.001
+INTERACTIVE_RECENT_S = 1.0  # bulk items fill whole batches only when no interactive job came this recently
 
 
 class JobQueue:
@@ -55,13 +64,14 @@ class JobQueue:
         self.queue = keys.queue(model)
         self.bulk = keys.bulk(model)
         self.bulk_share = bulk_share
-        self.inflight = keys.inflight(worker_id)
+        self.inflight = keys.inflight(model, worker_id)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
         self._take_more = client.register_script(_TAKE_MORE)
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, or from a take cut short by a Redis error.
         self._maybe_leftovers = True
         self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
+        self._interactive_at = -math.inf  # when this worker last took an interactive job
 
     def take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
         """Block up to block_s for the oldest job, then fill the batch.
@@ -89,21 +99,32 @@ class JobQueue:
                 self.client.delete(self.inflight)
         return kept
 
-    def _fill(self, count: int, batch_size: int) -> list[bytes]:
-        share = min(count, max(1, math.ceil(self.bulk_share * batch_size))) if self.bulk_share > 0 else 0
-        return self._take_more(keys=[self.queue, self.inflight, self.bulk], args=[count, share])
+    def _fill(self, count: int, share: int, bulk_cap: int) -> tuple[list[bytes], int]:
+        """Up to count jobs (share of them kept for bulk, at most bulk_cap bulk): (jobs, bulk taken)."""
+        interactive, jobs = self._take_more(keys=[self.queue, self.inflight, self.bulk],
+                                            args=[count, share, bulk_cap])
+        if interactive:
+            self._interactive_at = time.monotonic()
+        return jobs, len(jobs) - interactive
 
     def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
-        jobs: list[bytes] = self._fill(batch_size, batch_size)  # whatever either queue holds now
+        share = max(1, math.ceil(self.bulk_share * batch_size)) if self.bulk_share > 0 else 0
+        busy = time.monotonic() - self._interactive_at < INTERACTIVE_RECENT_S
+        bulk_left = max(share, 1) if busy else batch_size  # bulk places left in this batch
+        jobs, bulk = self._fill(batch_size, min(share, batch_size), bulk_left)  # whatever is queued now
+        bulk_left -= bulk
         if not jobs:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
             first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
             if first is None:
                 return []
             jobs = [first]  # type: ignore[list-item]  # bytes: the client does not decode
+            self._interactive_at = time.monotonic()
         started = time.monotonic()
         while len(jobs) < batch_size:
-            jobs += self._fill(batch_size - len(jobs), batch_size)
+            more, bulk = self._fill(batch_size - len(jobs), min(share, batch_size - len(jobs)), bulk_left)
+            jobs += more
+            bulk_left -= bulk
             remaining = linger.budget_s(len(jobs), batch_size) - (time.monotonic() - started)
             if len(jobs) >= batch_size or remaining <= 0:
                 break

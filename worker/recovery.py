@@ -45,19 +45,18 @@ class Recovery:
         """Recover every registered worker whose heartbeat has expired; jobs requeued."""
         listed = registry.registered(self.client, self.keys)
         # One round trip to find the silent ones; only those get the claim script.
-        live = registry.alive(self.client, self.keys, list(listed))
+        live = registry.alive(self.client, self.keys, listed)
         return sum(self.recover(worker_id, model)
                    for (worker_id, model), is_live in zip(listed.items(), live) if not is_live)
 
     def recover(self, worker_id: str, model: str) -> int:
         k = self.keys
-        lock = k.recovering_lock(worker_id)
-        claimed = self._claim(keys=[k.worker(worker_id), k.inflight(worker_id),
-                                    k.recovering(worker_id), lock],
+        lock, recovering = k.recovering_lock(model, worker_id), k.recovering(model, worker_id)
+        claimed = self._claim(keys=[k.worker(model, worker_id), k.inflight(model, worker_id), recovering, lock],
                               args=[self.claimer_id, LOCK_MS])
         if not claimed:
             return 0
-        raws: list[bytes] = self.client.lrange(k.recovering(worker_id), 0, -1)[::-1]  # type: ignore[assignment]
+        raws: list[bytes] = self.client.lrange(recovering, 0, -1)[::-1]  # type: ignore[assignment]
         requeue: dict[str, list[bytes]] = {}
         pipe = self.client.pipeline(transaction=True)
         for raw in raws:
@@ -65,9 +64,11 @@ class Recovery:
         for queue, jobs in requeue.items():
             # RPUSH oldest last: the oldest job ends at the right, taken first.
             pipe.rpush(queue, *jobs[::-1])
-        pipe.delete(k.recovering(worker_id), lock)
-        pipe.hdel(k.workers(), worker_id)
+        pipe.delete(recovering, lock)
         pipe.execute()
+        # After the MULTI, not in it: the registry hash lives in another slot on a cluster. A crash
+        # between the two leaves the worker listed; the next sweep claims its empty lists and delists it.
+        self.client.hdel(k.workers(), worker_id)
         count = sum(len(jobs) for jobs in requeue.values())
         if raws:
             log.warning("recovered %d of %d jobs held by dead worker %s", count, len(raws), worker_id)
@@ -77,6 +78,8 @@ class Recovery:
         """Requeue a job with one more attempt, or dead-letter it with an error reply."""
         try:
             job = decode_job(raw)
+            if job.model != model:  # not this worker's: its queue is in another slot on a cluster
+                raise ValueError(f"a {job.model} job held by a {model} worker")
             bulk = bool(self.keys.job_of_results(job.reply_to))
             queue = self.keys.bulk(job.model) if bulk else self.keys.queue(job.model)
         except (WireError, ValueError):
@@ -87,12 +90,12 @@ class Recovery:
             requeue.setdefault(queue, []).append(encode_job(job))
             return
         log.error("job %s failed %d attempts; dead-lettered", job.id, job.attempt)
-        pipe.lpush(self.keys.dead(job.model), raw)
+        pipe.lpush(self.keys.dead(model), raw)
         reply = Reply.failure(job.id, "too_many_attempts",
                               f"the workers running this job died {job.attempt} times")
-        if bulk:
+        if bulk and not self.keys.cluster:
             store_results(pipe, self.keys, job.reply_to, [reply])
-        elif self.keys.is_reply(job.reply_to):
+        elif self.keys.is_reply(job.reply_to, model):
             pipe.lpush(job.reply_to, encode_reply(reply))
             pipe.expire(job.reply_to, self.reply_ttl_s)
 

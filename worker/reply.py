@@ -1,4 +1,9 @@
-"""Answering a batch: every reply, dead letter and the in-flight clear in one transaction."""
+"""Answering a batch: every reply, dead letter and the in-flight clear in one transaction.
+
+Every key of that MULTI carries the model's hash tag (the worker checks each
+job's reply_to against its model, worker/batch.py), so on Redis Cluster it
+stays in one slot; bulk items' results are stored in it only off a cluster.
+"""
 
 from __future__ import annotations
 
@@ -31,5 +36,5 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
         pipe.expire(reply_to, ttl_s)
     for raw in dead:
         pipe.lpush(keys.dead(model), raw)
-    pipe.delete(keys.inflight(worker_id))
+    pipe.delete(keys.inflight(model, worker_id))
     pipe.execute()

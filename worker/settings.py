@@ -41,6 +41,11 @@ class WorkerSettings(SharedSettings):
                              "worse on cores shared with the web tier)")
     tcmalloc: bool = setting(True, "preload tcmalloc for the torch backend on CPU, when installed")
     log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
+    webhook_attempts: int = setting(8, "attempts to deliver a job's webhook before it is marked failed")
+    webhook_backoff_s: float = setting(30.0, "wait before the second webhook attempt, doubled for each after "
+                                       "(8 attempts: about an hour)")
+    webhook_timeout_s: float = setting(5.0, "longest one webhook attempt may take: connect, send, the "
+                                       "answer's status line; a claim is held 4 times as long")
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WorkerSettings:

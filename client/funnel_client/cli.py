@@ -4,10 +4,12 @@
     funnel-client --model text-embedding --text "A man is eating food."
     funnel-client --model text-embedding --text first --text second
     funnel-client --model text-embedding --interactive
+    funnel-client --model text-embedding --bulk corpus.txt --output vectors.jsonl
     funnel-client --models
 
-Exit status: 0 answered, 1 the server answered an error (or could not be
-reached), 2 bad arguments.
+Exit status: 0 answered (with --bulk: the job is done), 1 the server answered
+an error (or could not be reached; with --bulk: the job failed or was
+cancelled), 2 bad arguments, 130 interrupted (with --bulk: the job cancelled).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from funnel_client import Client, FunnelHTTPError
 
@@ -182,6 +185,101 @@ def interactive(client: Client, args, stdin=sys.stdin) -> int:
     return 0
 
 
+# -- bulk: a file, line by line, as one job -----------------------------------
+
+
+class ProgressBar:
+    """A job's progress on stderr: redrawn in place on a terminal, a line per tenth elsewhere."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True):
+        self.stream, self.enabled = stream, enabled
+        self.tty = stream.isatty()
+        self.started = time.monotonic()
+        self.shown_tenth = -1
+
+    def show(self, status: dict) -> None:
+        if not self.enabled:
+            return
+        progress = status["progress"]
+        done, total, failed = progress["done"], progress["total"], progress["failed"]
+        share = done / total if total else 1.0
+        if not self.tty:
+            if int(share * 10) == self.shown_tenth:
+                return
+            self.shown_tenth = int(share * 10)
+        elapsed = time.monotonic() - self.started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = f", {(total - done) / rate:.0f} s left" if 0 < rate and done < total else ""
+        filled = int(share * self.WIDTH)
+        line = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done:,}/{total:,} {share:4.0%} "
+                f"{rate:,.0f}/s{eta}{f', {failed:,} failed' if failed else ''} ({status['state']})")
+        if self.tty:
+            self.stream.write(f"\r{line}\x1b[K")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def bulk_items(source: TextIO, kind: str) -> list:
+    """The non-blank lines of the file: texts, JSON values or image paths, as the model takes."""
+    lines = [line.rstrip("\r\n") for line in source]
+    lines = [line for line in lines if line.strip()]
+    if kind == "json":
+        return [json.loads(line) for line in lines]
+    if kind == "image":
+        return [Path(line.strip()).expanduser() for line in lines]
+    return lines
+
+
+def bulk(client: Client, args, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    """Submit the file as one job, show its progress, write its results as JSON Lines in input order."""
+    listing = model_listing(client, args.model)
+    if listing is None:
+        print(f"no model named {args.model!r} on {client.url}", file=sys.stderr)
+        return 1
+    kind = listing.get("input_kind", "text")
+    if args.bulk == "-":
+        items = bulk_items(stdin, kind)
+    else:
+        with open(args.bulk, encoding="utf-8") as source:
+            items = bulk_items(source, kind)
+    if not items:
+        print(f"nothing to send: {args.bulk} has no non-blank line", file=sys.stderr)
+        return 2
+    what = {"text": "texts", "json": "inputs", "image": "images"}.get(kind, "texts")
+    job = client.submit_job(args.model, **{what: items}, webhook=args.webhook)
+    print(f"job {job['id']}: {len(items):,} {what} for {args.model}", file=sys.stderr, flush=True)
+    bar = ProgressBar(enabled=not args.quiet)
+    try:
+        final = client.wait(job["id"], poll_s=args.poll, progress=bar.show)
+    except KeyboardInterrupt:
+        bar.close()
+        client.cancel(job["id"])
+        print(f"interrupted: job {job['id']} cancelled", file=sys.stderr)
+        return 130
+    bar.close()
+    out = open(args.output, "w", encoding="utf-8") if args.output else stdout  # closed below
+    try:
+        written = 0
+        for result in client.stream_results(job["id"]):
+            out.write(json.dumps(result, separators=(",", ":")) + "\n")
+            written += 1
+    finally:
+        if out is not stdout:
+            out.close()
+    failed = final["progress"]["failed"]
+    print(f"job {job['id']} {final['state']}: {written:,} results written to {args.output or 'stdout'}"
+          f"{f', {failed:,} of them errors' if failed else ''}", file=sys.stderr)
+    return 0 if final["state"] == "done" else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="funnel-client",
@@ -189,7 +287,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  funnel-client --model image-classifier --image cat.jpg\n"
                "  funnel-client --model text-embedding --text 'A man is eating food.'\n"
-               "  funnel-client --model text-embedding --interactive\n",
+               "  funnel-client --model text-embedding --interactive\n"
+               "  funnel-client --model text-embedding --bulk corpus.txt --output vectors.jsonl\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default: $FUNNEL_URL or {DEFAULT_URL})")
     p.add_argument("--api-key", default=os.environ.get("FUNNEL_API_KEY"),
@@ -205,7 +304,15 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--interactive", "-i", action="store_true",
                         help="read one input per line (a text, an image path or a JSON value, as the model "
                              "takes) until EOF or 'quit'")
+    source.add_argument("--bulk", metavar="FILE",
+                        help="send a file as one bulk job, one input per line (a text, a JSON value or an "
+                             "image path, as the model takes; blank lines skipped, '-' reads stdin), show its "
+                             "progress, and write its results as JSON Lines in input order")
     source.add_argument("--models", action="store_true", help="list the served models and exit")
+    p.add_argument("--output", "-o", help="with --bulk: write the JSON Lines to this file (default: stdout)")
+    p.add_argument("--webhook", help="with --bulk: a URL the server POSTs the job's status to when it is final")
+    p.add_argument("--quiet", "-q", action="store_true", help="with --bulk: no progress bar")
+    p.add_argument("--poll", type=float, default=0.5, help="with --bulk: seconds between progress polls")
     p.add_argument("--json", action="store_true", help="print the server's JSON instead of a table")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer (default 60)")
     p.add_argument("--retries", type=int, default=3,
@@ -219,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models:
         if not args.model:
             p.error("--model is required (or --models to list them)")
-        if not (args.image or args.text or args.input or args.interactive):
-            p.error("give --image, --text, --input or --interactive")
+        if not (args.image or args.text or args.input or args.interactive or args.bulk):
+            p.error("give --image, --text, --input, --interactive or --bulk")
+    if not args.bulk and (args.output or args.webhook):
+        p.error("--output and --webhook go with --bulk")
     client = Client(args.url, api_key=args.api_key, timeout=args.timeout, retries=args.retries)
     try:
         if args.models:
@@ -229,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.interactive:
             return interactive(client, args)
+        if args.bulk:
+            return bulk(client, args)
         return one_shot(client, args)
     except FunnelHTTPError as exc:
         print(describe_error(exc), file=sys.stderr)
@@ -236,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # an --image that cannot be read
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:  # an --input that is not JSON
-        print(f"error: --input is not JSON: {exc}", file=sys.stderr)
+    except ValueError as exc:  # an --input (or a --bulk line, for a JSON model) that is not JSON
+        print(f"error: not JSON: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)

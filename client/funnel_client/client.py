@@ -21,6 +21,8 @@ call on a thread pool inside the client and returns a
 from __future__ import annotations
 
 import email.utils
+import hashlib
+import hmac
 import http.client
 import json
 import mimetypes
@@ -30,12 +32,13 @@ import time
 import urllib.parse
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Union
 
 __all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound", "ServerBusy",
-           "Timeout", "ServerError", "ConnectionFailed", "error_for"]
+           "Timeout", "ServerError", "ConnectionFailed", "error_for", "verify_webhook",
+           "WebhookVerificationError"]
 
 ImageInput = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
 JOB_FINAL_STATES = ("done", "failed", "cancelled")
@@ -107,6 +110,43 @@ def error_for(status: int, body: bytes, headers: dict[str, str] | None = None) -
     return cls(status, code, message or http.client.responses.get(status, "error"), headers)
 
 
+# -- webhooks ----------------------------------------------------------------
+
+
+class WebhookVerificationError(ValueError):
+    """A webhook delivery whose Funnel-Signature is missing, wrong or too old."""
+
+
+def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes,
+                   tolerance_s: float = 300, now: float | None = None) -> dict[str, Any]:
+    """The job status a Funnel webhook delivered, once its signature checks out.
+
+    headers: the delivery's headers (any case); body: its raw bytes, exactly as received.
+    `Funnel-Signature: t=<unix seconds>,v1=<hex>` must carry an HMAC-SHA256 of `<t>.<body>` under the
+    shared secret (FUNNEL_WEBHOOK_SECRET), and t must be within tolerance_s of now (replays).
+    Raises WebhookVerificationError otherwise.
+    """
+    given = {k.lower(): v for k, v in headers.items()}.get("funnel-signature", "")
+    timestamp, macs = None, []
+    for part in given.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t" and value.isdigit():
+            timestamp = int(value)
+        elif name == "v1":
+            macs.append(value)
+    if timestamp is None or not macs:
+        raise WebhookVerificationError("no Funnel-Signature header of the form t=<unix>,v1=<hex>")
+    if abs((time.time() if now is None else now) - timestamp) > tolerance_s:
+        raise WebhookVerificationError(f"the signature's time is more than {tolerance_s:g} s away from now")
+    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + bytes(body), hashlib.sha256).hexdigest()
+    if not any(hmac.compare_digest(expected, mac) for mac in macs):
+        raise WebhookVerificationError("the signature does not match the body and the secret")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise WebhookVerificationError(f"the body is not JSON: {exc}") from None
+
+
 # -- inputs ------------------------------------------------------------------
 
 _MAGIC = [(b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"), (b"GIF87a", "image/gif"),
@@ -145,6 +185,34 @@ def read_image(image: ImageInput) -> tuple[bytes, str]:
     else:
         raise TypeError(f"image must be bytes, a path or a binary file object, not {type(image).__name__}")
     return data, guess_image_type(data, name)
+
+
+def _json_lines(response: http.client.HTTPResponse) -> Iterator[Any]:
+    """The values of a JSON Lines body as it arrives. read1, not line iteration: iterating lines ends
+    quietly where a chunked stream was cut short (Redis or the server gone mid-way), read1 raises."""
+    rest = b""
+    while True:
+        chunk = response.read1(1 << 16)
+        if not chunk:
+            break
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from (json.loads(line) for line in lines if line.strip())
+    if response.length:  # a Content-Length body that ended early
+        raise http.client.IncompleteRead(rest, response.length)
+    if rest.strip():
+        yield json.loads(rest)
+
+
+def _multipart(files: list[tuple[bytes, str]], fields: dict[str, str]) -> tuple[bytes, str]:
+    """A multipart/form-data body: one `file` part per (bytes, content type), then the text fields."""
+    boundary = f"funnel-{uuid.uuid4().hex}"
+    parts = []
+    for i, (data, content_type) in enumerate(files):
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{i}"\r\n'
+                     f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
+    for name, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 # -- the client --------------------------------------------------------------
@@ -248,21 +316,34 @@ class Client:
     # -- async and bulk jobs (docs/jobs.md) -----------------------------------
 
     def submit_job(self, model: str, texts: Iterable[str] | None = None, *, inputs: Iterable[Any] | None = None,
-                   idempotency_key: str | None = None) -> dict[str, Any]:
-        """POST /v1/models/<model>/jobs: queue many texts (or JSON inputs) as one job; its status, with "id".
+                   images: Iterable[ImageInput] | None = None, idempotency_key: str | None = None,
+                   webhook: str | None = None) -> dict[str, Any]:
+        """POST /v1/models/<model>/jobs: queue many texts, JSON inputs or images (each bytes, a path or a
+        binary file) as one job; its status, with "id".
 
         An Idempotency-Key (a fresh random one unless given) makes the client's own
         retries after a 503 safe: the server answers the job the first try made.
+        webhook: a URL the server POSTs the job's status to when it is final (check it with
+        `verify_webhook`).
         """
-        if (texts is None) == (inputs is None):
-            raise ValueError("give exactly one of texts= or inputs=")
-        name, value = ("texts", texts) if texts is not None else ("inputs", inputs)
+        given = [(name, value) for name, value in (("texts", texts), ("inputs", inputs), ("images", images))
+                 if value is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of texts=, inputs= or images=")
+        ((name, value),) = given
         if isinstance(value, (str, bytes)):
             raise TypeError(f"{name}= takes a list")
-        body = json.dumps({name: list(value)}).encode()  # type: ignore[arg-type]  # checked above
+        if name == "images":
+            body, content_type = _multipart([read_image(image) for image in value],
+                                            {"webhook": webhook} if webhook is not None else {})
+        else:
+            fields: dict[str, Any] = {name: list(value)}
+            if webhook is not None:
+                fields["webhook"] = webhook
+            body, content_type = json.dumps(fields).encode(), "application/json"
         key = idempotency_key or uuid.uuid4().hex
         return self._call("POST", f"/v1/models/{urllib.parse.quote(model, safe='')}/jobs", body,
-                          "application/json", accept=(202,), headers={"Idempotency-Key": key})
+                          content_type, accept=(202,), headers={"Idempotency-Key": key})
 
     def job_status(self, job_id: str, offset: int = 0, limit: int = 0) -> dict[str, Any]:
         """GET /v1/jobs/<id>: {"state", "progress": {done, total, failed}, ...}, with a page of
@@ -287,10 +368,14 @@ class Client:
 
     def results(self, job_id: str, page: int = 1000, poll_s: float = 0.5) -> Iterator[dict[str, Any] | None]:
         """Every result of the job in input order, as it arrives: each as predict answers one item,
-        {"error": {...}} for a failed item; None for an item a cancel stopped."""
+        {"error": {...}} for a failed item; None for an item a cancel stopped. Pages while the job
+        runs; once it is final, the rest comes in one JSON Lines stream (`stream_results`)."""
         offset = 0
         while True:
             status = self.job_status(job_id, offset, page)
+            if status["state"] in JOB_FINAL_STATES:
+                yield from self.stream_results(job_id, offset)
+                return
             results = status["results"]
             ready = len(results) if None not in results else results.index(None)
             yield from results[:ready]
@@ -304,6 +389,33 @@ class Client:
                 continue
             if status["next_offset"] is None:
                 return
+
+    def stream_results(self, job_id: str, offset: int = 0) -> Iterator[dict[str, Any] | None]:
+        """GET /v1/jobs/<id>/results: every result from offset on, in input order, read from the server's
+        JSON Lines stream as it comes (None for an item not answered yet), on a connection of its own."""
+        path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/results?offset={int(offset)}"
+        for attempt in range(self.retries + 1):
+            connection = self._new_connection()
+            try:
+                try:
+                    connection.request("GET", self._base_path + path,
+                                       headers=self._headers(None, {"Accept": "application/x-ndjson"}))
+                    response = connection.getresponse()
+                    if response.status == 200:
+                        yield from _json_lines(response)
+                        return
+                    data, headers = response.read(), {k.lower(): v for k, v in response.getheaders()}
+                except TimeoutError as exc:
+                    raise Timeout(None, "client_timeout", f"no answer from {self.url} within {self.timeout} s") from exc
+                except (OSError, http.client.HTTPException) as exc:
+                    raise ConnectionFailed(None, "connection_failed",
+                                           f"{self.url}: the results stream broke off: {_describe(exc)}") from exc
+            finally:
+                connection.close()
+            if response.status == 503 and attempt < self.retries:
+                time.sleep(min(self.max_retry_wait_s, _retry_after_s(headers.get("retry-after"), 1.0)))
+                continue
+            raise error_for(response.status, data, headers)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """DELETE /v1/jobs/<id>: items not yet taken never run; the job's status after."""
@@ -359,12 +471,15 @@ class Client:
             return connection
         if connection is not None:
             connection.close()
-        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        connection = cls(self._host, self._port, timeout=self.timeout)
+        connection = self._new_connection()
         self._local.connection = connection
         with self._lock:
             self._connections.add(connection)
         return connection
+
+    def _new_connection(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=self.timeout)
 
     def _headers(self, content_type: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "funnel-client/1", **(extra or {})}

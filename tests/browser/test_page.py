@@ -117,7 +117,7 @@ def test_cat_photo_shows_cat_first_with_timings(page, cat_jpeg, tmp_path):
 
 def test_sentence_similarity_table(page, tmp_path):
     panel = pick(page, "text-embedding")
-    panel.locator("textarea").fill("\n".join(SENTENCES))
+    panel.locator(".text-form textarea").fill("\n".join(SENTENCES))
     panel.get_by_role("button", name="Compare").click()
     wait_for(panel, "done")
 
@@ -170,7 +170,7 @@ def test_error_statuses_read_as_sentences(page, reply, title, detail):
     page.route("**/v1/models/*/predict",
                lambda route: route.fulfill(**reply) if reply else route.abort("connectionrefused"))
     panel = pick(page, "text-embedding")
-    panel.locator("textarea").fill("A man is eating food.")
+    panel.locator(".text-form textarea").fill("A man is eating food.")
     panel.get_by_role("button", name="Compare").click()
     wait_for(panel, "error")
     message = panel.locator(".error").inner_text()
@@ -196,9 +196,47 @@ def test_phone_width_layout_and_drag_and_drop(page, cat_jpeg, tmp_path):
     page.screenshot(path=tmp_path / "image-phone.png", full_page=True)
 
     panel = pick(page, "text-embedding")
-    panel.locator("textarea").fill("\n".join(SENTENCES))
-    panel.locator("textarea").press("Control+Enter")
+    panel.locator(".text-form textarea").fill("\n".join(SENTENCES))
+    panel.locator(".text-form textarea").press("Control+Enter")
     wait_for(panel, "done")
     expect(panel.locator(".matrix td")).to_have_count(9)
     no_horizontal_scroll(page)
     page.screenshot(path=tmp_path / "text-phone.png", full_page=True)
+
+
+def test_bulk_job_progress_download_and_cancel(page, tmp_path):
+    """A text model's bulk box: lines become one job, its progress shows until done, the results
+    download as JSON Lines in input order; a longer job from a .txt file is cancelled mid-way."""
+    panel = pick(page, "text-embedding")
+    box = panel.locator(".bulk")
+    box.locator("summary").click()
+    lines = [f"bulk line {i}: {SENTENCES[i % 3]}" for i in range(40)]
+    box.locator("textarea").fill("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]))  # a blank line skipped
+    box.get_by_role("button", name="Start job").click()
+    expect(box).to_have_attribute("data-job-state", re.compile("^(done|failed|cancelled|error)$"), timeout=WAIT_MS)
+    assert box.get_attribute("data-job-state") == "done", box.locator(".bulk-status").inner_text()
+    expect(box.locator(".bulk-line")).to_have_text("done · 40 / 40")
+    assert float(box.locator("progress").get_attribute("value")) == 1
+    expect(box.get_by_role("button", name="Cancel")).to_be_hidden()
+    with page.expect_download() as download:
+        box.get_by_role("link", name="Download results (JSON Lines)").click()
+    results = [json.loads(line) for line in open(download.value.path()).read().splitlines()]
+    assert len(results) == 40 and all(len(r["embedding"]) == 384 for r in results)
+    # In input order, the blank line skipped: result 17 is the embedding of lines[17].
+    first = page.evaluate("""text => fetch('/v1/models/text-embedding/predict', {method: 'POST',
+        headers: {'Content-Type': 'application/json'}, body: JSON.stringify({text})}).then(r => r.json())""",
+                          lines[17])
+    assert results[17]["embedding"] == pytest.approx(first["embedding"], abs=1e-4)
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"cancelled passage {i}: {'the quick brown fox ' * (i % 9)}\n" for i in range(4000)))
+    box.locator("input[type=file]").set_input_files(corpus)
+    box.get_by_role("button", name="Start job").click()
+    expect(box).to_have_attribute("data-job-state", re.compile("^(queued|running)$"), timeout=WAIT_MS)
+    box.get_by_role("button", name="Cancel").click()
+    expect(box).to_have_attribute("data-job-state", "cancelled", timeout=WAIT_MS)
+    counts = re.search(r"([\d,]+) / ([\d,]+)", box.locator(".bulk-line").inner_text()).groups()
+    done, total = (int(n.replace(",", "")) for n in counts)
+    assert total == 4000 and done < total
+    expect(box.get_by_role("link", name="Download results (JSON Lines)")).to_be_visible()
+    page.screenshot(path=tmp_path / "bulk-laptop.png", full_page=True)

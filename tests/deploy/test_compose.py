@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from funnel.scripts.redis_local import LocalRedis, free_port
+from funnel.common.connection import connect, parse_sentinel_url
+from funnel.scripts.redis_local import LocalRedis, ask, free_port, port_open, redis_server_binary
 from tests.conftest import http
 from tests.deploy.support import (
     COMPOSE_FILES,
@@ -38,10 +40,17 @@ from tests.faults.conftest import wait_for
 
 WORKERS = ("worker-image", "worker-text")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
+# Profile "sentinel": Redis behind Sentinel, started only with --profile sentinel.
+SENTINEL_SERVICES = {"redis-primary", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
 
 
 def tier(service: str) -> str:
     return "worker" if service.startswith("worker") else service
+
+
+def by_default(services: dict) -> dict:
+    """The services `docker compose up` starts: those in no profile."""
+    return {name: config for name, config in services.items() if not config.get("profiles")}
 
 
 # ---------------------------------------------------------------------------
@@ -64,7 +73,7 @@ def test_compose_config_validates(name):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
-    assert set(resolved["services"]) == {"redis", "web", "nginx", *WORKERS}
+    assert set(by_default(resolved["services"])) == {"redis", "web", "nginx", *WORKERS}
     # What Compose resolved is what the smoke test below resolves for itself.
     ours = load_compose(name, env)["services"]
     for service, config in resolved["services"].items():
@@ -84,6 +93,107 @@ def test_compose_config_rejects_a_broken_file(tmp_path):
     done = subprocess.run([docker_compose(), "-f", str(tmp_path / "docker-compose.yml"), "config", "-q"],
                           env=CLEAN_ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "capability" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# The sentinel profile
+
+
+def documented_sentinel_url(name: str) -> str:
+    """The FUNNEL_REDIS_URL the file's header gives for the sentinel profile."""
+    (url,) = set(re.findall(r"redis\+sentinel://\S+", (ROOT / name).read_text()))
+    return url
+
+
+def sentinel_config(service: dict) -> list[str]:
+    """The lines a sentinel service writes to its config file (printf '%s\\n' LINE... > FILE)."""
+    assert service["command"][:2] == ["sh", "-c"]
+    words = shlex.split(service["command"][2])
+    assert words[:2] == ["printf", "%s\\n"], words
+    return words[2:words.index(">")]
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_sentinel_profile_validates(name):
+    url = documented_sentinel_url(name)
+    env = {**CLEAN_ENV, "FUNNEL_REDIS_URL": url, "REDIS_IMAGE": "mirror/redis:7",
+           "DOCKER_HOST": "unix:///nonexistent"}
+    done = subprocess.run([docker_compose(), "-f", name, "--profile", "sentinel", "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert {n for n, config in services.items() if config.get("profiles")} == SENTINEL_SERVICES
+    assert all(services[n]["profiles"] == ["sentinel"] for n in SENTINEL_SERVICES)
+    assert {services[n]["image"] for n in SENTINEL_SERVICES | {"redis"}} == {"mirror/redis:7"}
+    for service in ("web", *WORKERS):
+        assert services[service]["environment"]["FUNNEL_REDIS_URL"] == url
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_the_documented_url_names_the_profiles_sentinels(name):
+    services = load_compose(name, CLEAN_ENV)["services"]
+    url = parse_sentinel_url(documented_sentinel_url(name))
+    sentinels = sorted(n for n in SENTINEL_SERVICES if n.startswith("sentinel-"))
+    assert url.sentinels == [(n, 26379) for n in sentinels]
+    for n in sentinels:
+        lines = sentinel_config(services[n])
+        assert {"port 26379", "protected-mode no"} <= set(lines)
+        monitor = next(line.split() for line in lines if line.startswith("sentinel monitor "))
+        assert monitor[2:5] == [url.service, "redis-primary", "6379"]
+        assert int(monitor[5]) == len(sentinels) // 2 + 1  # a majority agrees the primary is down
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:][:2] == ["redis-primary", "6379"]
+    # Without persistence a data node must not come back on its own (Redis' advice): empty, it
+    # would be taken for the primary and empty its replica.
+    assert services["redis-primary"]["restart"] == services["redis-replica"]["restart"] == "no"
+
+
+def test_sentinel_profile_runs_as_local_processes(tmp_path):
+    """The profile's commands and Sentinel config as local processes (service names become
+    127.0.0.1, ports free ones): the Sentinels watch the primary and its replica, and the URL
+    in the file's header reaches the primary."""
+    services = load_compose("docker-compose.cpu.yml", CLEAN_ENV)["services"]
+    port = {n: free_port() for n in SENTINEL_SERVICES}
+    primary = f"127.0.0.1 {port['redis-primary']}"
+
+    def local(name: str, text: str) -> str:
+        return text.replace("redis-primary 6379", primary).replace("port 26379", f"port {port[name]}")
+
+    processes = Processes(tmp_path)
+    try:
+        for name in ("redis-primary", "redis-replica"):
+            command = list(services[name]["command"])
+            assert command[0] == "redis-server" and services[name]["image"] == services["redis"]["image"]
+            if "--replicaof" in command:
+                at = command.index("--replicaof") + 1
+                command[at:at + 2] = primary.split()
+            processes.start(name, [redis_server_binary(), *command[1:], "--port", str(port[name]),
+                                   "--bind", "127.0.0.1", "--dir", str(tmp_path)], CLEAN_ENV)
+            wait_for(lambda name=name: port_open(port[name]), 10, 0.05, f"{name} listening",
+                     check=processes.check_alive)
+        sentinels = sorted(n for n in SENTINEL_SERVICES if n.startswith("sentinel-"))
+        for name in sentinels:
+            lines = [local(name, line) for line in sentinel_config(services[name]) if not line.startswith("dir ")]
+            config = tmp_path / f"{name}.conf"
+            config.write_text("\n".join([*lines, f"dir {tmp_path}", "bind 127.0.0.1"]) + "\n")
+            processes.start(name, [redis_server_binary(), str(config), "--sentinel"], CLEAN_ENV)
+
+        def watching(name: str) -> bool:
+            state = ask(port[name], lambda c: c.sentinel_master("funnel"), {})
+            return state.get("num-slaves") == 1 and state.get("num-other-sentinels") == len(sentinels) - 1
+
+        for name in sentinels:
+            wait_for(lambda name=name: watching(name), 30, 0.1, f"{name} to see the replica and its peers",
+                     check=processes.check_alive)
+        url = documented_sentinel_url("docker-compose.cpu.yml")
+        for name in sentinels:
+            url = url.replace(f"{name}:26379", f"127.0.0.1:{port[name]}")
+        client = connect(url, socket_timeout=5)
+        assert client.lpush("funnel:queue:{text-embedding}", b"x") == 1
+        assert client.connection_pool.master_address == ("127.0.0.1", port["redis-primary"])
+        assert client.wait(1, 2000) == 1  # replicated
+    finally:
+        processes.stop()
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +278,7 @@ def test_every_funnel_variable_is_a_setting(name):
         if service == "nginx":  # not a Funnel tier: its FRONT_* fill the template (test above)
             continue
         funnel = {k for k in config["environment"] if k.startswith("FUNNEL_")}
-        if service != "redis":
+        if service != "redis" and service not in SENTINEL_SERVICES:
             assert funnel <= names[tier(service)], (service, funnel - names[tier(service)])
         for var in variables(yaml.safe_dump(config)):  # x- anchors already merged in
             if var.startswith("FUNNEL_"):
@@ -266,7 +376,7 @@ def run_healthcheck(script: Path, env: dict[str, str]) -> subprocess.CompletedPr
 def start_compose(services: dict, redis: LocalRedis, model_store: Path, processes: Processes,
                   replicas: dict[str, int], web_port: int) -> dict[str, dict[str, str]]:
     envs = {}
-    for name, service in services.items():
+    for name, service in by_default(services).items():
         if name == "redis":  # the local redis-server stands in for the image
             assert service["image"].startswith("redis:") and service["command"][0] == "redis-server"
             continue

@@ -9,6 +9,7 @@ their structure, and the tests check what they point at.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -25,12 +26,23 @@ kubernetes_validate = pytest.importorskip(
 
 KUBERNETES_VERSIONS = ["1.29", "1.37"]  # the oldest and newest this is meant for
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
-EXAMPLES = {"redis-secret.example.yaml"}  # shown, never applied by the kustomization
+SENTINEL_EXAMPLE = "keda-sentinel.example.yaml"  # the scalers for Redis behind Sentinel, applied instead
+CLUSTER_EXAMPLE = "keda-cluster.example.yaml"  # the scalers for a Redis Cluster, applied instead
+EXAMPLES = {"redis-secret.example.yaml", SENTINEL_EXAMPLE, CLUSTER_EXAMPLE}  # never applied by the kustomization
 
 
 def resources() -> list[tuple[str, dict]]:
-    return [(name, doc) for name, docs in k8s_documents().items() if name != "kustomization.yaml"
+    return [(name, doc) for name, docs in k8s_documents().items() if name not in ("kustomization.yaml",
+                                                                                   SENTINEL_EXAMPLE, CLUSTER_EXAMPLE)
             for doc in docs]
+
+
+def sentinel_example(kind: str, example: str = SENTINEL_EXAMPLE) -> dict[str, dict]:
+    return {doc["metadata"]["name"]: doc for doc in k8s_documents()[example] if doc["kind"] == kind}
+
+
+def cluster_example(kind: str) -> dict[str, dict]:
+    return sentinel_example(kind, CLUSTER_EXAMPLE)
 
 
 def of_kind(kind: str) -> dict[str, dict]:
@@ -153,6 +165,19 @@ TRIGGER_AUTHENTICATION = {
 }
 REDIS_AUTH_PARAMETERS = {"address", "host", "port", "username", "password", "tls", "ca", "cert", "key",
                          "keyPassword"}
+# KEDA's redis-sentinel trigger (its docs, "Redis Lists (supports Redis Sentinel)").
+SENTINEL_METADATA = {"addresses", "addressesFromEnv", "hosts", "hostsFromEnv", "ports", "portsFromEnv",
+                     "usernameFromEnv", "passwordFromEnv", "sentinelUsernameFromEnv", "sentinelPasswordFromEnv",
+                     "sentinelMaster", "sentinelMasterFromEnv", "listName", "listLength", "activationListLength",
+                     "databaseIndex", "enableTLS", "unsafeSsl"}
+SENTINEL_AUTH_PARAMETERS = {"addresses", "hosts", "ports", "sentinelMaster", "username", "password",
+                            "sentinelUsername", "sentinelPassword", "tls", "ca", "cert", "key", "keyPassword"}
+# KEDA's redis-cluster trigger (its docs, "Redis Lists (supports Redis Cluster)"): no database index.
+CLUSTER_METADATA = {"addresses", "addressesFromEnv", "hosts", "hostsFromEnv", "ports", "portsFromEnv",
+                    "usernameFromEnv", "passwordFromEnv", "listName", "listLength", "activationListLength",
+                    "enableTLS", "unsafeSsl"}
+CLUSTER_AUTH_PARAMETERS = {"addresses", "hosts", "ports", "username", "password", "tls", "ca", "cert", "key",
+                           "keyPassword"}
 
 
 def test_keda_resources_have_keda_structure():
@@ -187,6 +212,96 @@ def test_the_keda_schema_catches_mistakes():
         jsonschema.validate(doc, SCALED_OBJECT)
 
 
+def test_sentinel_scalers_have_keda_structure():
+    auths = sentinel_example("TriggerAuthentication")
+    secret = next(d for d in k8s_documents()["redis-secret.example.yaml"] if d["kind"] == "Secret")
+    for auth in auths.values():
+        jsonschema.validate(auth, TRIGGER_AUTHENTICATION)
+        refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+        assert set(refs) <= SENTINEL_AUTH_PARAMETERS, set(refs) - SENTINEL_AUTH_PARAMETERS
+        assert {"addresses", "sentinelMaster"} <= set(refs)  # where the Sentinels are, which service
+        for ref in refs.values():
+            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+    scaled = sentinel_example("ScaledObject")
+    assert scaled
+    for doc in scaled.values():
+        jsonschema.validate(doc, SCALED_OBJECT)
+        for trigger in doc["spec"]["triggers"]:
+            assert trigger["type"] == "redis-sentinel"
+            assert set(trigger["metadata"]) <= SENTINEL_METADATA, set(trigger["metadata"]) - SENTINEL_METADATA
+            assert trigger["authenticationRef"]["name"] in auths
+
+
+def test_sentinel_scalers_replace_the_default_ones_trigger_for_trigger():
+    """Same names, targets and scaling as the ScaledObjects they replace; the same list and lengths."""
+    defaults, sentinel = of_kind("ScaledObject"), sentinel_example("ScaledObject")
+    assert set(sentinel) == set(defaults)
+    for name, doc in sentinel.items():
+        default = defaults[name]
+        assert {k: v for k, v in doc["spec"].items() if k != "triggers"} == \
+            {k: v for k, v in default["spec"].items() if k != "triggers"}
+        (mine,), (theirs,) = doc["spec"]["triggers"], default["spec"]["triggers"]
+        assert mine["metadata"] == theirs["metadata"], name
+
+
+def test_the_secret_examples_sentinel_url_matches_its_keda_keys():
+    from funnel.common.connection import parse_sentinel_url
+
+    text = (K8S / "redis-secret.example.yaml").read_text()
+    (url,) = set(re.findall(r"url='(redis\+sentinel://[^']+)'", text))
+    (addresses,) = set(re.findall(r"sentinel-addresses='([^']+)'", text))
+    (service,) = set(re.findall(r"sentinel-master='([^']+)'", text))
+    parsed = parse_sentinel_url(url)
+    assert [f"{host}:{port}" for host, port in parsed.sentinels] == addresses.split(",")
+    assert parsed.service == service and parsed.primary["db"] == 0  # databaseIndex "0" in the scalers
+    secret = next(d for d in k8s_documents()["redis-secret.example.yaml"] if d["kind"] == "Secret")
+    assert secret["stringData"]["sentinel-addresses"] == addresses
+
+
+def test_cluster_scalers_have_keda_structure():
+    auths = cluster_example("TriggerAuthentication")
+    secret = next(d for d in k8s_documents()["redis-secret.example.yaml"] if d["kind"] == "Secret")
+    assert auths
+    for auth in auths.values():
+        jsonschema.validate(auth, TRIGGER_AUTHENTICATION)
+        refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+        assert set(refs) <= CLUSTER_AUTH_PARAMETERS, set(refs) - CLUSTER_AUTH_PARAMETERS
+        assert "addresses" in refs  # where the cluster's nodes are
+        for ref in refs.values():
+            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+    scaled = cluster_example("ScaledObject")
+    assert scaled
+    for doc in scaled.values():
+        jsonschema.validate(doc, SCALED_OBJECT)
+        for trigger in doc["spec"]["triggers"]:
+            assert trigger["type"] == "redis-cluster"
+            assert set(trigger["metadata"]) <= CLUSTER_METADATA, set(trigger["metadata"]) - CLUSTER_METADATA
+            assert trigger["authenticationRef"]["name"] in auths
+
+
+def test_cluster_scalers_replace_the_default_ones_trigger_for_trigger():
+    """Same names, targets and scaling as the ScaledObjects they replace; the same list and lengths."""
+    defaults, cluster = of_kind("ScaledObject"), cluster_example("ScaledObject")
+    assert set(cluster) == set(defaults)
+    for name, doc in cluster.items():
+        default = defaults[name]
+        assert {k: v for k, v in doc["spec"].items() if k != "triggers"} == \
+            {k: v for k, v in default["spec"].items() if k != "triggers"}
+        (mine,), (theirs,) = doc["spec"]["triggers"], default["spec"]["triggers"]
+        assert mine["metadata"] == {k: v for k, v in theirs["metadata"].items() if k != "databaseIndex"}, name
+
+
+def test_the_secret_examples_cluster_url_matches_its_keda_keys():
+    from funnel.common.connection import parse_cluster_url
+
+    text = (K8S / "redis-secret.example.yaml").read_text()
+    (url,) = set(re.findall(r"url='(redis\+cluster://[^']+)'", text))
+    (addresses,) = set(re.findall(r"cluster-addresses='([^']+)'", text))
+    assert [f"{host}:{port}" for host, port in parse_cluster_url(url).nodes] == addresses.split(",")
+    secret = next(d for d in k8s_documents()["redis-secret.example.yaml"] if d["kind"] == "Secret")
+    assert secret["stringData"]["cluster-addresses"] == addresses
+
+
 # ---------------------------------------------------------------------------
 # In step with the code
 
@@ -219,8 +334,6 @@ def test_every_funnel_variable_is_a_setting():
             funnel = {n for n in env_of(container) if n.startswith("FUNNEL_")}
             assert funnel <= names[kind], (name, funnel - names[kind])
     # Variables mentioned anywhere else under deploy/k8s too (comments included).
-    import re
-
     for path in K8S.glob("*.yaml"):
         for var in re.findall(r"FUNNEL_[A-Z0-9_]+", path.read_text()):
             assert var in names["web"] | names["worker"], (path.name, var)

@@ -15,6 +15,8 @@ import pytest
 import redis
 
 from funnel.common import tasks
+from funnel.common.connection import scan_keys
+from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.scripts.stack import Stack
 from tests.conftest import http, metric
@@ -104,15 +106,15 @@ def stray_replies(client: redis.Redis, stack: Stack) -> int:
     """Replies nobody read: a job answered twice leaves its second reply in a reply list, or the
     web tier's inbox finds nobody waiting for it (counted in funnel_replies_unclaimed_total)."""
     scraped = http("GET", f"{stack.url}/metrics")[1]["_text"]
-    return len(client.keys("funnel:reply:*")) + int(metric(scraped, "funnel_replies_unclaimed_total"))
+    return len(list(scan_keys(client, "funnel:reply:*"))) + int(metric(scraped, "funnel_replies_unclaimed_total"))
 
 
-def freeze_holding_jobs(client: redis.Redis, proc, worker_id: str, timeout_s: float = 30) -> int:
+def freeze_holding_jobs(client: redis.Redis, proc, worker_id: str, timeout_s: float = 30, model: str = TEXT) -> int:
     """SIGSTOP the worker at a moment it holds jobs; returns how many it holds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         os.kill(proc.pid, signal.SIGSTOP)
-        held = client.llen(f"funnel:inflight:{worker_id}")
+        held = client.llen(Keys().inflight(model, worker_id))
         if held:
             return held
         os.kill(proc.pid, signal.SIGCONT)

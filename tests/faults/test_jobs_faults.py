@@ -1,18 +1,21 @@
 """Bulk jobs under faults: a worker killed with SIGKILL and the web tier restarted mid-job (every item
-done exactly once), results expiring after FUNNEL_JOB_TTL_S (410), Redis down (503, never a wrong state)."""
+done exactly once), results expiring after FUNNEL_JOB_TTL_S (410), Redis down (503, never a wrong state),
+a worker killed while it delivers a job's webhook (another delivers it once the claim's lease is out)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import redis
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http
+from funnel_client import verify_webhook
+from tests.conftest import WebhookReceiver, http
 from tests.faults.conftest import FAST_HEARTBEAT, TEXT, freeze_holding_jobs, wait_for
 
 
@@ -74,7 +77,7 @@ def test_worker_killed_and_web_restarted_mid_job_every_item_done_once(model_stor
         done = wait_for(lambda: (lambda b: b if b["state"] == "done" else None)(job_status(stack, job_id, limit=0)[1]),
                         timeout_s=180, interval_s=0.2, what="job done after the crash")
         record = {k.decode(): v.decode() for k, v in client.hgetall(f"funnel:job:{job_id}").items()}
-        recovered = int(client.hget("funnel:worker:survivor", "recovered") or 0)
+        recovered = int(client.hget(f"funnel:worker:{{{TEXT}}}:survivor", "recovered") or 0)
         results = results_of(stack, job_id, len(texts))
     assert held > 0 and recovered >= held
     assert done["progress"] == {"done": len(texts), "total": len(texts), "failed": 0}
@@ -112,3 +115,32 @@ def test_redis_down_submit_and_status_answer_503(model_store, tmp_path):
                     headers={"Prefer": "respond-async"}, timeout=10)[0] == 503
         stack.redis.start()  # empty: the job went with the old Redis, and says so with a 404, not a wrong state
         wait_for(lambda: job_status(stack, job_id)[0] == 404, timeout_s=30, interval_s=0.2, what="back")
+
+
+def test_a_webhook_claimed_by_a_killed_worker_is_delivered_by_another(model_store, tmp_path):
+    webhook = {"FUNNEL_WEBHOOK_SECRET": "fault-secret", "FUNNEL_WEBHOOK_ALLOW_HOSTS": "127.0.0.1"}
+    timeout_s = 3  # a claim's lease: 4 x 3 s
+    with WebhookReceiver([None]) as receiver, Stack(  # the first delivery hangs in the receiver
+            model_store=model_store, models=[TEXT], workers=[], log_dir=tmp_path, web_env=webhook,
+            worker_env={**webhook, **FAST_HEARTBEAT, "FUNNEL_WEBHOOK_TIMEOUT_S": str(timeout_s)}) as stack:
+        workers = {name: stack.start_worker(TEXT, FUNNEL_WORKER_ID=name) for name in ("first", "second")}
+        stack.wait_ready(60, expected={TEXT: 2})
+        client = redis.Redis.from_url(stack.redis_url)
+        code, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs",
+                             json_body={"texts": corpus(3, "hook"), "webhook": receiver.url})
+        assert code == 202
+        job_id = body["id"]
+        receiver.wait_for(1)
+        claim = client.hget(f"funnel:job:{job_id}", "webhook_claim").decode()
+        victim = claim.split()[0]
+        workers[victim].send_signal(signal.SIGKILL)
+        workers[victim].wait()
+        killed_at = time.monotonic()
+        assert client.hget(f"funnel:job:{job_id}", "webhook_claim").decode() == claim  # held by the dead
+        (headers, payload) = receiver.wait_for(2, timeout_s=4 * timeout_s + 30)[1]
+        redelivered_after = time.monotonic() - killed_at
+        final = wait_for(lambda: (lambda s: s if s["webhook"]["state"] == "delivered" else None)(
+            job_status(stack, job_id, limit=0)[1]), timeout_s=30, what="webhook delivered")
+    assert verify_webhook("fault-secret", headers, payload)["id"] == job_id
+    assert headers["Funnel-Webhook-Attempt"] == "2" and final["webhook"]["attempts"] == 2
+    assert redelivered_after < 4 * timeout_s + 5  # when the lease ran out (and the next poll)

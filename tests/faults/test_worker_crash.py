@@ -26,7 +26,7 @@ def text_stack(model_store, tmp_path, **web_env) -> Stack:
 
 
 def worker_info(client, worker_id):
-    return {k.decode(): v.decode() for k, v in client.hgetall(f"funnel:worker:{worker_id}").items()}
+    return {k.decode(): v.decode() for k, v in client.hgetall(f"funnel:worker:{{{TEXT}}}:{worker_id}").items()}
 
 
 def test_kill_one_of_two_workers_mid_run(model_store, tmp_path, expected_embeddings, report):
@@ -61,7 +61,7 @@ def test_kill_the_only_worker_then_start_another(model_store, tmp_path, expected
         stack.wait_ready(60, expected={TEXT: 1})
         client = redis.Redis.from_url(stack.redis_url)
         with load_running(stack, batch, expected, 40, timeout_s=60) as outcome:
-            wait_for(lambda: client.llen("funnel:inflight:only") == len(batch), what="all jobs taken")
+            wait_for(lambda: client.llen(f"funnel:inflight:{{{TEXT}}}:only") == len(batch), what="all jobs taken")
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             stack.start_worker(TEXT, FUNNEL_WORKER_ID="replacement")
@@ -83,11 +83,11 @@ def test_sigterm_mid_batch_answers_the_batch_and_exits_0(model_store, tmp_path, 
         stack.wait_ready(60, expected={TEXT: 1})
         client = redis.Redis.from_url(stack.redis_url)
         with load_running(stack, batch, expected, 12, timeout_s=30) as outcome:
-            wait_for(lambda: client.llen("funnel:inflight:graceful") == len(batch), what="batch taken")
+            wait_for(lambda: client.llen(f"funnel:inflight:{{{TEXT}}}:graceful") == len(batch), what="batch taken")
             worker.send_signal(signal.SIGTERM)  # lingering for 10 s: the stop cuts it short
             assert worker.wait(timeout=8) == 0
         stray = stray_replies(client, stack)
-        registered = client.hexists("funnel:workers", "graceful") or client.exists("funnel:worker:graceful")
+        registered = client.hexists("funnel:workers", "graceful") or client.exists(f"funnel:worker:{{{TEXT}}}:graceful")
     report(outcome, stray)
     assert_each_answered_once(outcome, len(batch), stray)
     assert not registered  # deregistered on the way out

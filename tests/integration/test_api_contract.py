@@ -173,3 +173,29 @@ def test_overload_and_deadline_answers_match_the_documented_schemas(model_store,
         status, _, headers = http("POST", f"{bare.url}/v1/models/text-embedding/predict",
                                   json_body={"text": "again"})
         assert status == 503 and headers["Retry-After"] == "1"
+
+
+def test_job_answers_match_the_documented_schemas(api_schema, cat_jpeg):
+    """A bulk job of texts and one of images (multipart), its status, its JSON Lines results, a webhook
+    refused (this stack has no FUNNEL_WEBHOOK_SECRET)."""
+    checks = [status_code_conformance, content_type_conformance, response_schema_conformance]
+    submit = operation_of(api_schema, "POST /v1/models/{name}/jobs")
+    case = submit.Case(path_parameters={"name": "text-embedding"}, body={"texts": ["one", "two"]},
+                       media_type="application/json")
+    response = case.call_and_validate(headers=AUTH, checks=checks)
+    assert response.status_code == 202
+    job_id = response.json()["id"]
+    case = submit.Case(path_parameters={"name": "image-classifier"}, body={"file": [cat_jpeg, cat_jpeg]},
+                       media_type="multipart/form-data")
+    response = case.call_and_validate(headers=AUTH, checks=checks)
+    assert response.status_code == 202 and response.json()["progress"]["total"] == 2
+    case = submit.Case(path_parameters={"name": "text-embedding"}, media_type="application/json",
+                       body={"texts": ["x"], "webhook": "https://hooks.example.com/funnel"})
+    response = case.call_and_validate(headers=AUTH, checks=checks)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "webhooks_disabled"
+    status = operation_of(api_schema, "GET /v1/jobs/{id}").Case(path_parameters={"id": job_id},
+                                                                 query={"limit": 2})
+    assert status.call_and_validate(headers=AUTH, checks=checks).status_code == 200
+    results = operation_of(api_schema, "GET /v1/jobs/{id}/results").Case(path_parameters={"id": job_id})
+    response = results.call_and_validate(headers=AUTH, checks=checks)
+    assert response.status_code == 200 and len(response.text.splitlines()) == 2

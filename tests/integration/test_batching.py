@@ -43,7 +43,7 @@ def running_worker(redis_server, model_store, **flags):
 def text_job(spec, text, keys, deadline_s=30.0, **inputs) -> Job:
     job_id = uuid.uuid4().hex
     inputs = inputs or tasks.load(spec).preprocess(text)
-    return Job(id=job_id, model=MODEL, inputs=inputs, reply_to=keys.reply(job_id),
+    return Job(id=job_id, model=MODEL, inputs=inputs, reply_to=keys.reply(MODEL, job_id),
                deadline=wire.now_ms() + int(deadline_s * 1000))
 
 
@@ -69,7 +69,7 @@ def test_fifty_queued_jobs_run_as_16_16_16_2(redis_client, redis_server, model_s
     assert sizes == {16: 48, 2: 2}
     # Oldest first: the first 16 queued form the first batch.
     assert {r.batch_size for r in replies[:48]} == {16}
-    assert redis_client.llen(keys.inflight("test-worker")) == 0
+    assert redis_client.llen(keys.inflight(MODEL, "test-worker")) == 0
     assert redis_client.llen(keys.queue(MODEL)) == 0
 
 
@@ -132,7 +132,7 @@ def await_one(client, keys, spec, text):
 
 def assert_worker_registered(client, keys, timeout=30):
     deadline = time.monotonic() + timeout
-    while not client.exists(keys.worker("test-worker")):
+    while not client.exists(keys.worker(MODEL, "test-worker")):
         assert time.monotonic() < deadline, "worker never registered"
         time.sleep(0.05)
 
@@ -173,7 +173,7 @@ def test_leftover_inflight_jobs_are_answered_on_restart(redis_client, redis_serv
                                                         spec, keys):
     """A worker restarted under the same id first finishes what it held."""
     job = text_job(spec, "held by a crashed worker", keys)
-    redis_client.lpush(keys.inflight("test-worker"), wire.encode_job(job))
+    redis_client.lpush(keys.inflight(MODEL, "test-worker"), wire.encode_job(job))
     with running_worker(redis_server, model_store, batch_size=4, linger_ms=0):
         assert await_reply(redis_client, job).ok
-    assert redis_client.llen(keys.inflight("test-worker")) == 0
+    assert redis_client.llen(keys.inflight(MODEL, "test-worker")) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -281,6 +282,31 @@ def test_each_status_has_its_error(scripted, status, cls):
     assert len(server.seen) == 1  # only 503 is retried
 
 
+def test_stream_results_retries_a_503_and_reports_a_stream_cut_short(scripted):
+    server = scripted(BUSY, (200, {"Content-Type": "application/x-ndjson"}, b'{"embedding":[1.0]}\nnull\n'))
+    with Client(server.url, retries=2) as client:
+        assert list(client.stream_results("abc", offset=3)) == [{"embedding": [1.0]}, None]
+    assert [path for _, path, _, _ in server.seen] == ["/v1/jobs/abc/results?offset=3"] * 2
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def cut_short():  # one chunk of one line, then the connection closes without the last chunk
+        connection, _ = listener.accept()
+        with connection, listener:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                               b"Transfer-Encoding: chunked\r\n\r\n5\r\nnull\n\r\n")
+
+    thread = threading.Thread(target=cut_short, daemon=True)
+    thread.start()
+    got = []
+    with Client(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=5) as client:
+        with pytest.raises(ConnectionFailed, match="broke off"):
+            for result in client.stream_results("abc"):
+                got.append(result)
+    thread.join(5)
+    assert got == [None]  # what came before the cut, then the error: never a silently short file
+
+
 def test_an_error_without_a_json_body_still_has_a_code():
     error = error_for(502, b"<html>Bad Gateway</html>")
     assert isinstance(error, ServerError) and error.code == "http_502" and "Bad Gateway" in error.message
@@ -358,6 +384,61 @@ def test_cli_interactive_images_until_eof(stack, cat_file):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Egyptian cat") + done.stdout.count("tabby") >= 2
     assert "no such file" in done.stdout
+
+
+def test_cli_bulk_mode_embeds_a_file_as_one_job(stack, tmp_path):
+    lines = [f"bulk passage {i}: {'the quick brown fox ' * (i % 5)}jumps" for i in range(300)]
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "vectors.jsonl"
+    corpus.write_text("\n".join(lines[:150]) + "\n\n" + "\n".join(lines[150:]) + "\n")  # a blank line skipped
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--bulk", str(corpus),
+                      "--output", str(out), "--poll", "0.1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # the results went to the file; progress and the summary to stderr
+    assert "300/300 100%" in done.stderr and "done: 300 results written to" in done.stderr
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(results) == 300
+    with Client(stack.url) as client:
+        sync = client.predict(TEXT, texts=[lines[0], lines[150], lines[299]])["results"]
+    for got, expected in zip([results[0], results[150], results[299]], sync):  # in input order
+        np.testing.assert_allclose(got["embedding"], expected["embedding"], atol=1e-5)
+    # Through `funnel client`, from stdin to stdout, quietly.
+    done = run_script("funnel client", "--url", stack.url, "--model", TEXT, "--bulk", "-", "--quiet",
+                      stdin="first line\nsecond line\n")
+    assert done.returncode == 0, done.stderr
+    assert [len(json.loads(line)["embedding"]) for line in done.stdout.splitlines()] == [384, 384]
+    assert "[" not in done.stderr  # no progress bar
+    done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--bulk", str(corpus), "--text", "x")
+    assert done.returncode == 2
+
+
+def test_cli_bulk_mode_takes_image_paths_and_reports_a_bad_one(stack, cat_file, tmp_path):
+    paths = tmp_path / "images.txt"
+    paths.write_text(f"{cat_file}\n{cat_file}\n")
+    done = run_script("funnel-client", "--url", stack.url, "--model", IMAGE, "--bulk", str(paths), "--quiet")
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["predictions"][0]["index"] in CAT_CLASSES for r in results] == [True, True]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image\n")
+    paths.write_text(f"{cat_file}\n{notes}\n")
+    done = run_script("funnel-client", "--url", stack.url, "--model", IMAGE, "--bulk", str(paths))
+    assert done.returncode == 1 and "400 not_an_image" in done.stderr and "item 1" in done.stderr
+
+
+def test_a_bulk_job_of_images(client, cat_jpeg, cat_file, coffee_jpeg):
+    job = client.submit_job(IMAGE, images=[cat_jpeg, cat_file, coffee_jpeg])
+    assert job["progress"]["total"] == 3
+    final = client.wait(job["id"], timeout=120, poll_s=0.1)
+    assert final["state"] == "done"
+    cat, cat_again, coffee = client.results(job["id"])
+    assert cat == cat_again and cat["predictions"][0]["index"] in CAT_CLASSES
+    assert coffee["predictions"][0]["index"] not in CAT_CLASSES
+    with pytest.raises(BadRequest) as caught:
+        client.submit_job(IMAGE, images=[cat_jpeg, b"not an image"])
+    assert caught.value.code == "not_an_image" and caught.value.message.startswith("item 1:")
+    with pytest.raises(BadRequest) as caught:  # a text model takes no images
+        client.submit_job(TEXT, images=[cat_jpeg])
+    assert caught.value.status == 415
 
 
 # -- the stress test -----------------------------------------------------------

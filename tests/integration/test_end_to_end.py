@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http, multipart
+from tests.conftest import ROOT, http, multipart
 
 CAT_CLASSES = {281, 282, 283, 284, 285, 286, 287}  # tabby .. lynx
 
@@ -73,6 +73,13 @@ def test_service_routes(stack):
     assert served["text-embedding"]["workers"][0]["backend"] == stack.worker_env["FUNNEL_BACKEND"]
     status, page, _ = http("GET", f"{stack.url}/")
     assert status == 200 and 'type="file"' in page["_text"] and "<textarea" in page["_text"]
+    # A static file goes out whole, headers first (web/response.py holds them for the first body bytes).
+    script = (ROOT / "web" / "static" / "funnel.js").read_bytes()
+    status, served_script, headers = http("GET", f"{stack.url}/static/funnel.js")
+    assert status == 200 and served_script["_text"].encode() == script
+    assert int(headers["Content-Length"]) == len(script)
+    status, _, headers = http("HEAD", f"{stack.url}/healthz")
+    assert status == 200 and headers["Content-Type"] == "application/json"
 
 
 def test_concurrent_requests_get_their_own_answers(stack):
@@ -120,7 +127,8 @@ def test_one_blpop_per_request_mode_answers_the_same(model_store, tmp_path):
     assert max(batch_sizes) > 1
 
 
-def test_each_web_process_listens_on_one_inbox(stack):
-    """The default: after answering, a web process keeps one connection blocked on its inbox."""
+def test_each_web_process_listens_on_one_inbox_per_model(stack):
+    """The default: after answering, a web process keeps one connection blocked on its inbox for
+    each model it has served (one list per model: on a cluster each is in its model's slot)."""
     listeners = [c for c in redis.Redis.from_url(stack.redis_url).client_list() if c["cmd"] == "brpop"]
-    assert 1 <= len(listeners) <= 2  # FUNNEL_PROCESSES=2, each after its first request
+    assert 1 <= len(listeners) <= 2 * len(stack.models)  # FUNNEL_PROCESSES=2, each after its first request

@@ -4,12 +4,15 @@ import random
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply, now_ms
 from funnel.scripts.redis_local import LocalRedis
 from funnel.web.inbox import Inbox
+
+M, OTHER = "text-embedding", "image-classifier"
 
 
 @pytest.fixture()
@@ -25,10 +28,10 @@ def reply(job_id: str, value: int) -> bytes:
 
 def test_replies_pushed_together_reach_their_own_requests_in_order(redis_client, inbox):
     first, second = ["a1", "a2", "a3"], ["b1", "b2"]
-    waiters = inbox.expect(first), inbox.expect(second)
+    waiters = inbox.expect(M, first), inbox.expect(M, second)
     payloads = [reply(job_id, n) for n, job_id in enumerate(first + second)]
     random.Random(0).shuffle(payloads)
-    redis_client.lpush(inbox.key, *payloads)  # one push, as worker/reply.py sends a batch's share
+    redis_client.lpush(inbox.key(M), *payloads)  # one push, as worker/reply.py sends a batch's share
 
     deadline = now_ms() + 10_000
     got_first = inbox.collect(waiters[0], first, deadline)
@@ -37,28 +40,41 @@ def test_replies_pushed_together_reach_their_own_requests_in_order(redis_client,
     assert [r.id for r in got_second] == second and [r.outputs["value"] for r in got_second] == [3, 4]
 
 
+def test_each_model_has_its_own_list_in_its_own_slot(redis_client, inbox, keys):
+    """A worker's reply MULTI writes the inbox with its model's in-flight list: same hash slot."""
+    mine, theirs = inbox.expect(M, ["t1"]), inbox.expect(OTHER, ["i1"])
+    assert inbox.key(M) != inbox.key(OTHER)
+    assert key_slot(inbox.key(M).encode()) == key_slot(keys.inflight(M, "w1").encode())
+    assert key_slot(inbox.key(OTHER).encode()) == key_slot(keys.queue(OTHER).encode())
+    redis_client.lpush(inbox.key(OTHER), reply("i1", 2))
+    redis_client.lpush(inbox.key(M), reply("t1", 1))
+    deadline = now_ms() + 10_000
+    assert inbox.collect(mine, ["t1"], deadline)[0].outputs["value"] == 1
+    assert inbox.collect(theirs, ["i1"], deadline)[0].outputs["value"] == 2
+
+
 def test_late_duplicate_unknown_and_garbled_replies_are_dropped_and_counted(redis_client, keys):
     unclaimed = []
     inbox = Inbox(redis_client, keys, on_unclaimed=lambda: unclaimed.append(1))
     try:
-        gave_up = inbox.expect(["late"])
+        gave_up = inbox.expect(M, ["late"])
         inbox.forget(["late"])  # its request hit the deadline and left
-        waiter = inbox.expect(["mine", "next"])
-        redis_client.lpush(inbox.key, reply("late", 1), reply("nobody", 2), b"\x00 not msgpack",
+        waiter = inbox.expect(M, ["mine", "next"])
+        redis_client.lpush(inbox.key(M), reply("late", 1), reply("nobody", 2), b"\x00 not msgpack",
                            reply("mine", 3))
         [got] = inbox.collect(waiter, ["mine"], now_ms() + 10_000)
-        redis_client.lpush(inbox.key, reply("mine", 4), reply("next", 5))  # "mine" answered twice
+        redis_client.lpush(inbox.key(M), reply("mine", 4), reply("next", 5))  # "mine" answered twice
         [got_next] = inbox.collect(waiter, ["next"], now_ms() + 10_000)
     finally:
         inbox.close()
     assert got.outputs["value"] == 3 and got_next.outputs["value"] == 5
     assert gave_up.empty() and waiter.empty()
     assert len(unclaimed) == 3  # late, nobody, the second "mine"; the garbled one is only logged
-    assert redis_client.llen(inbox.key) == 0  # all taken: nothing piles up
+    assert redis_client.llen(inbox.key(M)) == 0  # all taken: nothing piles up
 
 
 def test_no_reply_by_the_deadline_is_a_timeout(inbox):
-    waiter = inbox.expect(["slow"])
+    waiter = inbox.expect(M, ["slow"])
     with pytest.raises(Timeout):
         inbox.collect(waiter, ["slow"], now_ms() + 200)
 
@@ -68,7 +84,7 @@ def test_redis_going_away_fails_the_waiting_requests():
     try:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
         inbox = Inbox(client, Keys("funnel"))
-        waiter = inbox.expect(["stranded"])
+        waiter = inbox.expect(M, ["stranded"])
         client.ping()
     finally:
         server.stop()

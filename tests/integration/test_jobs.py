@@ -1,7 +1,12 @@
 """Async and bulk jobs on a live stack: results equal to the synchronous answers, in input order;
-paging; Prefer: respond-async; Idempotency-Key; cancel mid-job; interactive requests during a job."""
+paging; JSON Lines results; Prefer: respond-async; Idempotency-Key; cancel mid-job; interactive
+requests during a job."""
 
 from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -73,6 +78,38 @@ def test_bulk_job_equals_the_synchronous_answers_in_order(stack):
     assert int(client.hget(f"funnel:job:{body['id']}", "duplicates")) == 0
 
 
+def json_lines(stack, job_id, offset=0):
+    """GET /v1/jobs/<id>/results: (status, parsed lines, headers)."""
+    try:
+        with urllib.request.urlopen(f"{stack.url}/v1/jobs/{job_id}/results?offset={offset}", timeout=60) as response:
+            return response.status, [json.loads(line) for line in response], dict(response.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), dict(err.headers)
+
+
+def test_json_lines_results_equal_the_paged_results(stack):
+    from funnel_client import Client
+
+    texts = corpus(2500, "lines")  # more than one HMGET chunk (1,000) of the stream
+    job_id = submit(stack, texts)[1]["id"]
+    code, early, headers = json_lines(stack, job_id)  # while it runs: a line per item, null if not answered
+    assert code == 200 and len(early) == len(texts) and headers["Content-Type"] == "application/x-ndjson"
+    assert headers["Funnel-Job-State"] in ("queued", "running") and None in early
+    assert all(r is None or len(r["embedding"]) == 384 for r in early)
+    finished(stack, job_id, timeout_s=240)
+    paged = all_results(stack, job_id)
+    code, streamed, headers = json_lines(stack, job_id)
+    assert code == 200 and headers["Funnel-Job-State"] == "done"
+    assert streamed == paged and None not in streamed
+    assert json_lines(stack, job_id, offset=2400)[1] == paged[2400:]
+    assert json_lines(stack, job_id, offset=2500)[1] == []
+    with Client(stack.url) as client:
+        assert list(client.stream_results(job_id, offset=1999)) == paged[1999:]
+        assert list(client.results(job_id)) == paged
+    assert json_lines(stack, job_id, offset=-1)[0] == 400
+    assert json_lines(stack, "f" * 32)[0] == 404 and json_lines(stack, "0" * 12 + "f" * 20)[0] == 410
+
+
 def test_paging_and_bad_queries(stack):
     texts = corpus(25, "paging")
     job_id = submit(stack, texts)[1]["id"]
@@ -127,7 +164,7 @@ def test_cancel_mid_job_runs_no_untaken_item(stack):
     assert code == 200 and body["state"] == "cancelled"
     at_cancel = body["progress"]["done"]
     client = redis.Redis.from_url(stack.redis_url)
-    wait_for(lambda: client.llen(f"funnel:bulk:{TEXT}") == 0, timeout_s=60, what="cancelled items drained")
+    wait_for(lambda: client.llen(f"funnel:bulk:{{{TEXT}}}") == 0, timeout_s=60, what="cancelled items drained")
     # Nothing taken after the cancel runs: at most the batch in hand (and one being filled) ends.
     wait_for(lambda: not any(client.llen(k) for k in client.keys("funnel:inflight:*")), what="in-flight drained")
     final = status(stack, job_id, limit=0)[1]

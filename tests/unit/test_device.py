@@ -47,9 +47,9 @@ def test_dead_workers_do_not_count(redis_client, keys):
     register(redis_client, keys, "live", "cuda:1")
     for i in range(3):
         register_dead(redis_client, keys, f"dead-{i}")
-    redis_client.hset(keys.worker("expiring"), mapping={"device": "cuda:0"})
+    redis_client.hset(keys.worker("text-embedding", "expiring"), mapping={"device": "cuda:0"})
     redis_client.hset(keys.workers(), "expiring", "text-embedding")
-    redis_client.delete(keys.worker("expiring"))  # what the TTL running out does
+    redis_client.delete(keys.worker("text-embedding", "expiring"))  # what the TTL running out does
     assert devices.live_counts(redis_client, keys) == {"cuda:1": 1}
     assert devices.choose(redis_client, keys, ["cuda:0", "cuda:1"], "new") == "cuda:0"
     assert devices.choose(redis_client, keys, ["cuda:1", "cuda:0"], "new") == "cuda:0"

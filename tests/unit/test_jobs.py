@@ -8,6 +8,7 @@ import pytest
 from funnel.common import jobs
 from funnel.common.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
 from funnel.web.jobs import wants_async
+from funnel.worker import queue as worker_queue
 from funnel.worker.linger import make as make_linger
 from funnel.worker.queue import JobQueue
 from funnel.worker.reply import answer
@@ -22,11 +23,11 @@ def test_job_ids_carry_their_creation_time():
 
 
 def test_job_keys(keys):
-    assert keys.bulk("m") == "funnel:bulk:m"
+    assert keys.bulk("m") == "funnel:bulk:{m}"
     assert keys.job("abc") == "funnel:job:abc" and keys.job_results("abc") == "funnel:job:abc:results"
     assert keys.job_of_results("funnel:job:abc:results") == "abc"
     assert keys.job_of_results("funnel:job:abc") == "" and keys.job_of_results("funnel:reply:abc") == ""
-    assert keys.is_reply("funnel:job:abc:results") and not keys.is_reply("funnel:job:abc")
+    assert keys.is_reply("funnel:job:abc:results", "m") and not keys.is_reply("funnel:job:abc", "m")
     with pytest.raises(ValueError):
         keys.bulk("bad name")
 
@@ -53,7 +54,7 @@ def item(keys, job_id: str, index: int, model="m") -> bytes:
 
 def interactive(keys, n: int, model="m") -> bytes:
     return encode_job(Job(id=f"i{n}", model=model, inputs={"x": np.zeros(1, np.int32)},
-                          reply_to=keys.reply(f"i{n}"), deadline=now_ms() + 60_000))
+                          reply_to=keys.reply("m", f"i{n}"), deadline=now_ms() + 60_000))
 
 
 def make_job(client, keys, total: int, state="active") -> str:
@@ -71,12 +72,17 @@ def test_batches_fill_from_interactive_first_with_a_share_for_bulk(redis_client,
     linger = make_linger("fixed", 0, None)
     taken = queue.take(8, linger, 0.1)
     assert sum(keys.job(job_id).encode() in raw for raw in taken) == 2  # ceil(0.25 * 8)
-    assert len(taken) == 8 and redis_client.llen(keys.inflight("w1")) == 8
-    redis_client.delete(keys.queue("m"), keys.inflight("w1"))
-    taken = queue.take(8, linger, 0.1)  # no interactive request waits: bulk fills the batch
+    assert len(taken) == 8 and redis_client.llen(keys.inflight("m", "w1")) == 8
+    redis_client.delete(keys.queue("m"), keys.inflight("m", "w1"))
+    linger = make_linger("fixed", 20, None)  # time to poll again: bulk still keeps to its share
+    taken = queue.take(8, linger, 0.1)  # interactive jobs came just now: a small bulk batch
+    assert len(taken) == 2 and all(keys.job(job_id).encode() in raw for raw in taken)
+    redis_client.delete(keys.inflight("m", "w1"))
+    queue._interactive_at -= worker_queue.INTERACTIVE_RECENT_S  # none since: bulk fills the batch
+    taken = queue.take(8, linger, 0.1)
     assert len(taken) == 8 and all(keys.job(job_id).encode() in raw for raw in taken)
-    # Oldest first: items 2.. (0 and 1 went in the first take), in order.
-    assert [decode_job(raw).id.rsplit("-", 1)[1] for raw in taken] == [str(i) for i in range(2, 10)]
+    # Oldest first: items 4.. (0 to 3 went in the first two takes), in order.
+    assert [decode_job(raw).id.rsplit("-", 1)[1] for raw in taken] == [str(i) for i in range(4, 12)]
 
 
 def test_items_of_cancelled_or_expired_jobs_are_dropped_unrun(redis_client, keys):

@@ -119,7 +119,7 @@ def test_a_wait_past_the_deadline_is_refused_before_it_is_queued(redis_client, k
     gateway = Gateway(redis_client, keys)
     cap = gateway.workers.capacity(MODEL)
     redis_client.lpush(keys.queue(MODEL), *[b"x"] * 300)  # about 3.4 s of work
-    redis_client.lpush(keys.inflight("w1"), *[b"y"] * 16)
+    redis_client.lpush(keys.inflight(MODEL, "w1"), *[b"y"] * 16)
     with pytest.raises(Overloaded) as caught:
         gateway.submit(MODEL, pixels(), 2.0)
     expected = cap.wait_s(316, 1)
@@ -147,7 +147,7 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
             args = [0, 1, budget, *cap.script_args(), b"j1", b"j2"]
-            outcome, *_ = gateway._push(keys=[keys.queue(MODEL), keys.inflight("w1")], args=args)
+            outcome, *_ = gateway._push(keys=[keys.queue(MODEL), keys.inflight(MODEL, "w1")], args=args)
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:
                 redis_client.ltrim(keys.queue(MODEL), 2, -1)

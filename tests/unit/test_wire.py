@@ -11,7 +11,7 @@ from funnel.common.wire import Job, Reply, WireError
 
 def make_job(**inputs) -> Job:
     return Job(id="abc123", model="text-embedding", inputs=inputs or {"x": np.arange(3, dtype=np.int32)},
-               reply_to="funnel:reply:abc123", deadline=wire.now_ms() + 1000)
+               reply_to="funnel:reply:{m}:abc123", deadline=wire.now_ms() + 1000)
 
 
 @pytest.mark.parametrize("dtype", sorted(wire.DTYPES))

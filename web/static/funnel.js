@@ -231,6 +231,113 @@ function setupText(panel) {
   });
 }
 
+// -- bulk jobs (text models) -------------------------------------------------
+
+const FINAL_STATES = ["done", "failed", "cancelled"];
+const POLL_MS = 500;
+
+// The error of a failed fetch, as a sentence: the same titles as predict's.
+async function failure(response) {
+  let error = {};
+  try { error = (await response.json()).error || {}; } catch { error = {}; }
+  const title = CODE_TITLES[error.code] || STATUS_TITLES[response.status] || "Request failed";
+  return errorBox(title, [error.message, `HTTP ${response.status}`].filter(Boolean).join(" · "));
+}
+
+function setupBulk(panel) {
+  const box = $(panel, ".bulk");
+  if (!box) return;
+  const form = $(box, ".bulk-form"), textarea = $(form, "textarea"), file = $(form, "input[type=file]");
+  const start = $(form, "button"), status = $(box, ".bulk-status"), bar = $(status, "progress");
+  const line = $(status, ".bulk-line"), cancel = $(status, ".cancel"), download = $(status, ".download");
+  let job = null, ticket = 0;
+
+  function problem(node) {
+    box.dataset.jobState = "error";
+    status.hidden = false;
+    line.replaceChildren(node);
+    cancel.hidden = true;
+  }
+
+  function show(body) {
+    const {done, total, failed} = body.progress;
+    const final = FINAL_STATES.includes(body.state);
+    box.dataset.jobState = body.state;
+    status.hidden = false;
+    bar.value = total ? done / total : 1;
+    line.textContent = `${body.state} · ${done.toLocaleString("en")} / ${total.toLocaleString("en")}` +
+                       (failed ? ` · ${failed.toLocaleString("en")} failed` : "");
+    cancel.hidden = final;
+    download.hidden = !final;
+    download.href = body.links.results;
+    download.setAttribute("download", `${panel.dataset.model}-${body.id}.jsonl`);
+    return final;
+  }
+
+  async function poll(mine) {
+    while (mine === ticket) {
+      let response;
+      try {
+        response = await fetch(`/v1/jobs/${job}?limit=0`);
+      } catch {
+        response = null;  // the server is restarting, or the network blinked: the job lives in Redis
+      }
+      if (mine !== ticket) return;
+      if (response && response.ok) {
+        if (show(await response.json())) return;
+      } else if (response && response.status !== 503) {
+        problem(await failure(response));
+        return;
+      }
+      await new Promise(resolve => setTimeout(resolve, POLL_MS));
+    }
+  }
+
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    const text = file.files[0] ? await file.files[0].text() : textarea.value;
+    const texts = text.split(/\r?\n/).filter(t => t.trim());
+    if (!texts.length) {
+      problem(errorBox("Nothing to send", "type some lines, or choose a .txt file"));
+      return;
+    }
+    const mine = ++ticket;
+    start.disabled = true;
+    box.dataset.jobState = "submitting";
+    try {
+      const response = await fetch(`/v1/models/${encodeURIComponent(panel.dataset.model)}/jobs`, {
+        method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({texts})});
+      if (mine !== ticket) return;
+      if (response.status !== 202) {
+        problem(await failure(response));
+        return;
+      }
+      const body = await response.json();
+      job = body.id;
+      show(body);
+      poll(mine);
+    } catch {
+      problem(errorBox("Could not reach the server", "check that it is running, then try again"));
+    } finally {
+      start.disabled = false;
+    }
+  });
+
+  cancel.addEventListener("click", async () => {
+    if (!job) return;
+    cancel.disabled = true;
+    try {
+      const response = await fetch(`/v1/jobs/${job}`, {method: "DELETE"});
+      if (response.ok) show(await response.json());
+      else problem(await failure(response));
+    } catch {
+      problem(errorBox("Could not reach the server", "the job goes on; try again"));
+    } finally {
+      cancel.disabled = false;
+    }
+  });
+}
+
 // -- any JSON input ----------------------------------------------------------
 
 // An answer the page has no picture for: its fields, as JSON, without the timings.
@@ -275,6 +382,7 @@ function select(name) {
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll(".panel[data-kind=image]").forEach(setupImage);
   document.querySelectorAll(".panel[data-kind=text]").forEach(setupText);
+  document.querySelectorAll(".panel[data-kind=text]").forEach(setupBulk);
   document.querySelectorAll(".panel[data-kind=json]").forEach(setupJson);
   document.querySelectorAll(".picker input").forEach(r => r.addEventListener("change", () => select(r.value)));
   if (location.hash) select(decodeURIComponent(location.hash.slice(1)));

@@ -1,0 +1,83 @@
+"""The failover scenario's job ledger (benchmarks/failover.py), loaded by the stack's processes.
+
+No HTTP answer names its job, so to count jobs lost or answered twice the
+scenario puts this folder on the PYTHONPATH of the web and worker processes it
+starts, with FAILOVER_LEDGER naming a folder. Python imports this module at
+start-up; it wraps two functions as their modules load, records job ids, and
+changes nothing else:
+
+- web: Inbox.collect, which the gateway calls once Redis has acknowledged the
+  push of a request's jobs: `queued-<pid>` gets their ids;
+- worker: reply.answer, once its transaction has been acknowledged:
+  `answered-<pid>` gets the ids it answered.
+
+It imports nothing of Funnel's itself: the web's gevent workers must patch the
+standard library before Funnel's modules bind to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+LEDGER = os.environ.get("FAILOVER_LEDGER")
+
+
+def _record(kind: str, ids: list[str]) -> None:
+    # One small append per call: a single write(2), whole, whatever other threads do.
+    with open(os.path.join(LEDGER or ".", f"{kind}-{os.getpid()}"), "a") as out:
+        out.write("".join(f"{job_id}\n" for job_id in ids))
+
+
+def _web(inbox) -> None:
+    collect = inbox.Inbox.collect
+
+    @functools.wraps(collect)
+    def recorded(self, waiter, job_ids, deadline):
+        _record("queued", list(job_ids))
+        return collect(self, waiter, job_ids, deadline)
+
+    inbox.Inbox.collect = recorded
+
+
+def _worker(reply) -> None:
+    answer = reply.answer
+
+    @functools.wraps(answer)
+    def recorded(client, keys, worker_id, model, replies, *args, **kwargs):
+        done = answer(client, keys, worker_id, model, replies, *args, **kwargs)
+        _record("answered", [r.id for _, r in replies])
+        return done
+
+    reply.answer = recorded  # before funnel.worker.main imports it by name
+
+
+PATCHES = {"funnel.web.inbox": _web, "funnel.worker.reply": _worker}
+
+
+class _PatchOnImport:
+    """A meta path finder that lets the others find a module of PATCHES, then patches it once
+    it has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def run_and_patch(module, run=run):
+                    run(module)
+                    PATCHES[name](module)
+
+                spec.loader.exec_module = run_and_patch  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+if LEDGER:
+    sys.meta_path.insert(0, _PatchOnImport())

@@ -1,0 +1,154 @@
+"""The web tier's CPU per request, A/B: web settings side by side in one interleaved run.
+
+    python -m benchmarks.web_cpu [--rounds 3] [--duration 10] [--clients 32] \
+        [--clients 32,128,512] [--variant NAME=FUNNEL_X=1,FUNNEL_Y=2 ...]
+
+Each variant is a stack (private Redis, the web tier, one text-embedding
+worker) started with its own FUNNEL_* web settings, or, named `bare...`, the
+floor: a Flask app that parses the JSON and answers a constant
+(benchmarks/peers/bare_app.py) under the same gunicorn settings; every round starts each
+variant in turn (the order rotating), warms it, runs wrk with one sentence
+per POST at each number of clients, and reads the CPU seconds of the web processes (gunicorn master and
+workers), the worker and Redis from /proc over the run. Prints medians over
+rounds and saves the table under benchmarks/results/ with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from benchmarks import ROOT, save
+from benchmarks.core import in_process_ceiling, machine, wrk
+from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
+from funnel.common import settings as loader
+from funnel.scripts.redis_local import free_port
+from funnel.scripts.stack import Stack
+from funnel.web.settings import WebSettings
+from tests.conftest import http
+
+MODEL = "text-embedding"
+DEFAULT_VARIANTS = ["defaults="]
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, settings = text.partition("=")
+    env = dict(pair.split("=", 1) for pair in settings.split(",") if pair)
+    return name, env
+
+
+@contextlib.contextmanager
+def bare(env: dict[str, str]):
+    """The bare Flask app under the gunicorn settings Funnel's web tier would take from env."""
+    settings = loader.load(WebSettings, [], environ=env)
+    port = free_port()
+    command = [sys.executable, "-m", "gunicorn", "-w", str(settings.processes), "-k", settings.worker_class,
+               "--threads", str(settings.threads), "--worker-connections", str(max(1000, settings.threads * 4)),
+               "--no-control-socket", "-b", f"127.0.0.1:{port}", "benchmarks.peers.bare_app:app"]
+    web = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}", web=web, workers=[], redis=None)
+    finally:
+        web.terminate()
+        web.wait(10)
+
+
+def wait_for_answer(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status, _, _ = http("POST", url, json_body={"text": "warm"}, timeout=5)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not answer within {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def start(name: str, env: dict[str, str]):
+    if name.startswith("bare"):
+        return bare(env)
+    return Stack(models=[MODEL], web_env=env, log_dir=ROOT / "benchmarks" / "results" / "tmp")
+
+
+def measure(name: str, env: dict[str, str], clients: list[int], duration_s: int) -> list[dict]:
+    runs = []
+    with start(name, env) as stack:
+        url = f"{stack.url}/v1/models/{MODEL}/predict"
+        wait_for_answer(url)
+        wrk(url, clients[0], 3)  # warm-up
+        groups = {"worker": [p.pid for p in stack.workers], "web": [stack.web.pid],
+                  "redis": [stack.redis.process.pid] if stack.redis else []}
+        for c in clients:
+            before, busy = cpu_ticks(groups), machine_busy_s()
+            result = wrk(url, c, duration_s)
+            spent = cpu_seconds(before, cpu_ticks(groups))
+            busy = machine_busy_s() - busy
+            requests = result["rps"] * duration_s
+            assert result["errors"] == 0, result
+            runs.append({"variant": name, "clients": c, "rps": result["rps"], "p50": result["p50"],
+                         "p99": result["p99"], **{f"{group}_ms": spent[group] / requests * 1000 for group in groups},
+                         "other_cores": max(0.0, busy - sum(spent.values())) / duration_s})
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.web_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=10, help="seconds of each wrk run")
+    parser.add_argument("--clients", default="32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=FUNNEL_SETTING=value,... (the web tier's environment); repeatable")
+    args = parser.parse_args(argv)
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    clients = [int(c) for c in args.clients.split(",")]
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for round_ in range(args.rounds):
+        shift = round_ % len(variants)
+        for name, env in variants[shift:] + variants[:shift]:
+            for run in measure(name, env, clients if round_ % 2 == 0 else clients[::-1], args.duration):
+                runs.setdefault((name, run["clients"]), []).append(run)
+                print(f"round {round_ + 1}: {name}, {run['clients']} clients: {run['rps']:.0f} req/s, "
+                      f"web {run['web_ms']:.3f} ms/req, worker {run['worker_ms']:.2f}, "
+                      f"other {run['other_cores']:.2f} cores", flush=True)
+    ceiling = in_process_ceiling(32)
+    table = ["| variant | web settings | clients | req/s [min–max] | vs ceiling | p50 ms | p99 ms | CPU ms/req "
+             "web [min–max] | worker | redis | wrk + other (cores) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in clients:
+        for name, env in variants:
+            got = runs[name, c]
+
+            def med(key, got=got):
+                return statistics.median(r[key] for r in got)
+
+            rps, web = [r["rps"] for r in got], [r["web_ms"] for r in got]
+            settings = ", ".join(f"{k}={v}" for k, v in env.items()) or "defaults"
+            table.append(f"| {name} | {settings} | {c} | {med('rps'):.0f} [{min(rps):.0f}–{max(rps):.0f}] | "
+                         f"{med('rps') / ceiling:.2f} | {med('p50'):.1f} | {med('p99'):.1f} | "
+                         f"{med('web_ms'):.3f} [{min(web):.3f}–{max(web):.3f}] | {med('worker_ms'):.2f} | "
+                         f"{med('redis_ms'):.3f} | {med('other_cores'):.2f} |")
+    stamp = dt.datetime.now()
+    report = (f"# Web tier CPU per request, {stamp:%Y-%m-%d %H:%M}\n\nMachine: {machine()}\n\n"
+              f"Command: `python -m benchmarks.web_cpu {' '.join(argv or sys.argv[1:])}` ({MODEL}, wrk -t1 "
+              f"-d{args.duration}s, one sentence per POST; medians over {args.rounds} interleaved rounds, "
+              f"the variants' order rotating and the clients' sweep reversed every other round; in-process "
+              f"ONNX ceiling at batch 32: {ceiling:.0f} items/s)\n\n"
+              + "\n".join(table) + "\n")
+    save("web-cpu", report)
+    shutil.rmtree(ROOT / "benchmarks" / "results" / "tmp", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Redis Sentinel: the primary SIGKILLed under load; web and worker follow the failover, no restart.
+
+The scenario is benchmarks/failover.py's (one round of `python -m benchmarks.failover`), so
+the figures printed here (pytest -s) are the ones docs/redis.md quotes.
+"""
+
+from benchmarks import failover
+from tests.faults.conftest import Outcome
+
+CLIENTS, PATIENT = 6, 2  # clients that resend at once; clients through funnel_client, which waits as told
+AFTER_S = 12.0
+RECOVERED_WITHIN_S = 8.0  # Sentinel's own part is down-after-milliseconds (1 s) plus the election
+
+
+def test_primary_killed_under_load(model_store, tmp_path, sentinels, expected_embeddings, report):
+    round_ = failover.run(model_store, tmp_path, clients=CLIENTS, before=30, after_s=AFTER_S, sentinels=sentinels,
+                          patient=PATIENT)
+    failover.check_answers(round_, expected_embeddings)
+    print(f"\nSentinel failover: {failover.summary(round_)}")
+    outcome = Outcome()
+    for r in round_.requests + round_.patient:
+        outcome.add(r.status, r.seconds)
+    outcome.wrong = round_.wrong
+    report(outcome, len(round_.answered_twice))
+
+    # No request hangs: each got 200, 503 or 504 within its deadline (10 s) and a little more.
+    assert set(round_.statuses) <= {200, 503, 504}, round_.statuses
+    assert round_.slowest_s < failover.REQUEST_TIMEOUT_S + 2, round_.slowest_s
+    # Nothing failed before the kill, and every request succeeded again soon after it ...
+    assert all(r.ended >= round_.killed_at for r in round_.failures)
+    assert round_.recovered_s is not None and round_.recovered_s < RECOVERED_WITHIN_S, failover.summary(round_)
+    # ... and went on succeeding: several seconds of nothing but 200s before the load stopped.
+    steady = [r for r in round_.requests if r.started > round_.killed_at + round_.recovered_s]
+    assert len(steady) > 50 and all(r.status == 200 for r in steady)
+    assert round_.wrong == 0
+    # The Python client retries a 503 after its Retry-After; its calls too end, each with an answer.
+    assert round_.patient and set(round_.patient_statuses) <= {200, 503}, round_.patient_statuses
+    assert round_.patient_slowest_s < failover.REQUEST_TIMEOUT_S, round_.patient_slowest_s
+    # Asynchronous replication may lose the jobs pushed in the last instant before the kill, at most
+    # the one each client had in flight; none may be answered twice.
+    assert len(round_.queued) >= sum(r.status == 200 for r in round_.requests + round_.patient)
+    assert len(round_.lost) <= CLIENTS + PATIENT, round_.lost
+    assert not round_.answered_twice, round_.answered_twice

@@ -1,0 +1,312 @@
+"""Webhooks without a stack: URL policy (common/webhooks.py), signing against the client's
+verify_webhook, the enqueue with the final state, and the deliverer's claim, lease, retries and
+attempt (worker/webhook.py) against a real Redis and a receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from funnel.common import jobs, webhooks
+from funnel.common.errors import BadInput
+from funnel.common.wire import Reply, now_ms
+from funnel.web.jobs import JobsApi
+from funnel.web.settings import WebSettings
+from funnel.worker.reply import answer
+from funnel.worker.settings import WorkerSettings
+from funnel.worker.webhook import Deliverer, DeliveryFailed, backoff_ms, post
+from funnel_client import WebhookVerificationError, verify_webhook
+from tests.conftest import WebhookReceiver
+from tests.faults.conftest import wait_for
+
+SECRET = "unit-secret"
+
+
+def resolver_of(*addresses: str):
+    """A getaddrinfo stand-in that resolves every name to these addresses."""
+    def resolve(host, port, type=0):
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port))
+                for a in addresses]
+    return resolve
+
+
+# -- where a webhook may go ----------------------------------------------------
+
+
+def test_a_url_becomes_its_destination():
+    dest = webhooks.parse("https://hooks.example.com/funnel/done?team=7#ignored")
+    assert (dest.scheme, dest.host, dest.port, dest.netloc, dest.target) == (
+        "https", "hooks.example.com", 443, "hooks.example.com", "/funnel/done?team=7")
+    dest = webhooks.parse("http://[2606:4700::1]:8080")
+    assert (dest.host, dest.port, dest.netloc, dest.target) == ("2606:4700::1", 8080, "[2606:4700::1]:8080", "/")
+
+
+@pytest.mark.parametrize("url", ["", "ftp://example.com/", "javascript:alert(1)", "http://u:p@example.com/",
+                                 "http://user@example.com/", "http:///path", "http://example.com:0x50/",
+                                 "http://example.com/\r\nX-Injected: 1", "http://exämple.com/",
+                                 "http://example.com/" + "a" * webhooks.MAX_URL])
+def test_malformed_urls_are_refused(url):
+    with pytest.raises(webhooks.Refused):
+        webhooks.parse(url)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.0.1", "169.254.169.254",
+                                     "100.64.0.1", "0.0.0.0", "224.0.0.1", "::1", "fe80::1", "fd00::1",
+                                     "::ffff:127.0.0.1", "::ffff:10.0.0.1"])
+def test_private_loopback_and_link_local_addresses_are_refused(address):
+    dest = webhooks.parse("http://hooks.example.com/")
+    with pytest.raises(webhooks.Refused, match="private, loopback or link-local"):
+        webhooks.resolve(dest, [], resolver_of(address))
+
+
+def test_the_allow_list_names_hosts_addresses_or_networks():
+    dest = webhooks.parse("http://hooks.internal:8080/")
+    assert webhooks.resolve(dest, [], resolver_of("8.8.8.8")) == ["8.8.8.8"]
+    assert webhooks.resolve(dest, ["hooks.internal"], resolver_of("10.0.0.5")) == ["10.0.0.5"]
+    assert webhooks.resolve(dest, ["10.0.0.5"], resolver_of("10.0.0.5")) == ["10.0.0.5"]
+    assert webhooks.resolve(dest, ["10.0.0.0/8"], resolver_of("10.9.9.9")) == ["10.9.9.9"]
+    with pytest.raises(webhooks.Refused):
+        webhooks.resolve(dest, ["10.0.0.0/8", "other.internal"], resolver_of("192.168.0.1"))
+    # A name that resolves to a public and a private address: only the public one is ever connected to.
+    assert webhooks.resolve(dest, [], resolver_of("10.0.0.1", "8.8.4.4")) == ["8.8.4.4"]
+
+
+def test_a_name_that_does_not_resolve_is_refused():
+    def fails(*args, **kwargs):
+        raise socket.gaierror("Name or service not known")
+    with pytest.raises(webhooks.Refused, match="does not resolve"):
+        webhooks.check("http://nowhere.invalid/", [], fails)
+
+
+# -- signing ---------------------------------------------------------------------
+
+
+def test_the_signature_verifies_with_the_client_helper():
+    body, t = b'{"id":"abc","state":"done"}', int(time.time())
+    header = webhooks.signature(SECRET, body, t)
+    assert header.startswith(f"t={t},v1=") and len(header.split("v1=")[1]) == 64
+    assert verify_webhook(SECRET, {"funnel-signature": header}, body) == {"id": "abc", "state": "done"}
+    rotated = f"{header},v1={'0' * 64}"  # several v1 values (a secret being rotated): any one may match
+    assert verify_webhook(SECRET, {"Funnel-Signature": rotated}, body)["id"] == "abc"
+    for headers, payload, now in [({"Funnel-Signature": header}, body + b" ", None),
+                                  ({"Funnel-Signature": header.replace(f"t={t}", f"t={t + 1}")}, body, None),
+                                  ({}, body, None), ({"Funnel-Signature": "v1=abc"}, body, None),
+                                  ({"Funnel-Signature": header}, body, t + 301)]:
+        with pytest.raises(WebhookVerificationError):
+            verify_webhook(SECRET, headers, payload, now=now)
+
+
+# -- the enqueue goes with the final state ---------------------------------------------------------
+
+
+def make_job(client, keys, total: int, webhook: str | None = "http://127.0.0.1:9/hook") -> str:
+    job_id = jobs.new_job_id()
+    client.hset(keys.job(job_id), mapping={"model": "m", "total": total, "done": 0, "failed": 0, "duplicates": 0,
+                                           "created_ms": now_ms(), "ttl_ms": 60_000, "state": "active",
+                                           **({"webhook_url": webhook} if webhook else {})})
+    return job_id
+
+
+def store(client, keys, job_id: str, *indices: int) -> None:
+    results = keys.job_results(job_id)
+    answer(client, keys, "w1", "m", [(results, Reply(id=jobs.item_id(job_id, i), ok=True,
+                                                     outputs={"y": np.ones(1, np.float32)})) for i in indices], [], 60)
+
+
+def test_the_last_stored_item_makes_the_webhook_due_once(redis_client, keys):
+    job_id = make_job(redis_client, keys, 3)
+    store(redis_client, keys, job_id, 0, 1)
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is None  # not final yet
+    record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
+    assert record.status()["webhook"]["state"] == "pending" and record.status()["webhook"]["next_attempt_ms"] is None
+    store(redis_client, keys, job_id, 2)
+    due = redis_client.zscore(keys.webhooks_due(), job_id)
+    assert due and abs(due - now_ms()) < 5000
+    record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
+    assert record.webhook_state == "pending" and record.webhook_next_ms == due
+    redis_client.zrem(keys.webhooks_due(), job_id)
+    store(redis_client, keys, job_id, 2)  # a duplicate answer: not final a second time
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is None
+    plain = make_job(redis_client, keys, 1, webhook=None)
+    store(redis_client, keys, plain, 0)
+    assert redis_client.zcard(keys.webhooks_due()) == 0
+    assert "webhook" not in jobs.Record.parse(plain, redis_client.hgetall(keys.job(plain))).status()
+
+
+def test_a_cancel_makes_the_webhook_due_once(redis_client, keys):
+    from flask import Flask
+
+    api = JobsApi({}, redis_client, keys, WebSettings())
+    job_id = make_job(redis_client, keys, 5)
+    with Flask(__name__).test_request_context(f"/v1/jobs/{job_id}", method="DELETE"):
+        assert api.cancel(job_id).json["state"] == "cancelled"
+        redis_client.zrem(keys.webhooks_due(), job_id)
+        api.cancel(job_id)  # again: already pending, not due a second time
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is None
+    store(redis_client, keys, job_id, 0, 1, 2, 3, 4)  # its last items finish after the cancel: still once
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is None
+
+
+def test_a_submit_naming_a_webhook_needs_the_secret(redis_client, keys):
+    with pytest.raises(BadInput) as refused:
+        JobsApi({}, redis_client, keys, WebSettings()).check_webhook("https://hooks.example.com/")
+    assert refused.value.code == "webhooks_disabled"
+    with pytest.raises(BadInput) as refused:
+        JobsApi({}, redis_client, keys, WebSettings(webhook_secret=SECRET)).check_webhook("http://10.0.0.1/")
+    assert refused.value.code == "bad_webhook"
+
+
+# -- claims, leases, retries -----------------------------------------------------
+
+
+def deliverer(redis_client, keys, worker_id="w1", **settings) -> Deliverer:
+    base = {"model": "m", "worker_id": worker_id, "webhook_secret": SECRET, "webhook_allow_hosts": ["127.0.0.1"],
+            "webhook_timeout_s": 2.0, "webhook_backoff_s": 0.05, "webhook_attempts": 3}
+    return Deliverer(redis_client, keys, WorkerSettings(**{**base, **settings}))
+
+
+def final_job(redis_client, keys, url: str) -> str:
+    job_id = make_job(redis_client, keys, 1, webhook=url)
+    store(redis_client, keys, job_id, 0)
+    return job_id
+
+
+def webhook_of(redis_client, keys, job_id: str) -> dict:
+    return jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id))).status()["webhook"]
+
+
+def test_delivered_then_forgotten(redis_client, keys):
+    with WebhookReceiver() as receiver:
+        job_id = final_job(redis_client, keys, receiver.url)
+        assert deliverer(redis_client, keys).deliver_one()
+        (headers, body), = receiver.deliveries
+    assert webhook_of(redis_client, keys, job_id) == {
+        "url": receiver.url, "state": "delivered", "attempts": 1, "last_status": 200, "last_error": None,
+        "next_attempt_ms": None}
+    assert verify_webhook(SECRET, headers, body)["state"] == "done"
+    assert headers["Host"] == receiver.url.split("/")[2] and receiver.paths == ["/hooks/funnel?source=test"]
+    assert redis_client.zcard(keys.webhooks_due()) == 0
+    assert not deliverer(redis_client, keys).deliver_one()  # nothing due
+
+
+def test_errors_are_retried_with_backoff_then_given_up(redis_client, keys):
+    with WebhookReceiver([500, 502, 503]) as receiver:
+        job_id = final_job(redis_client, keys, receiver.url)
+        worker = deliverer(redis_client, keys)
+        assert worker.deliver_one()
+        hook = webhook_of(redis_client, keys, job_id)
+        assert (hook["state"], hook["attempts"], hook["last_status"]) == ("pending", 1, 500)
+        assert hook["next_attempt_ms"] == redis_client.zscore(keys.webhooks_due(), job_id) > now_ms()
+        assert not worker.deliver_one()  # not due yet: the backoff
+        for _ in (2, 3):  # due again after 0.05 s, then 0.1 s
+            wait_for(worker.deliver_one, timeout_s=5, interval_s=0.01, what="the next attempt due")
+    hook = webhook_of(redis_client, keys, job_id)
+    assert (hook["state"], hook["attempts"], hook["last_status"], hook["next_attempt_ms"]) == ("failed", 3, 503, None)
+    assert redis_client.zcard(keys.webhooks_due()) == 0 and len(receiver.deliveries) == 3
+
+
+def test_a_dead_deliverers_claim_comes_back_after_its_lease_and_its_late_answer_is_ignored(redis_client, keys):
+    job_id = final_job(redis_client, keys, "http://127.0.0.1:9/never-asked")
+    dead = deliverer(redis_client, keys, "dead", webhook_timeout_s=0.05)  # a lease of 0.2 s
+    claimed = dead._claim(keys=[keys.webhooks_due()], args=[now_ms(), dead.lease_ms, "dead token",
+                                                            keys.job_prefix(), 3])
+    assert claimed[0].decode() == job_id  # ... and then the process died
+    with WebhookReceiver() as receiver:
+        redis_client.hset(keys.job(job_id), "webhook_url", receiver.url)
+        live = deliverer(redis_client, keys, "live")
+        assert not live.deliver_one()  # leased
+        wait_for(live.deliver_one, timeout_s=5, interval_s=0.01, what="the lease to run out")
+        assert len(receiver.deliveries) == 1
+    # The dead claimer's answer, had it come late, changes nothing.
+    assert dead._settle(keys=[keys.webhooks_due(), keys.job(job_id)],
+                        args=[job_id, "dead token", "retry", 500, "late", now_ms()]) == 0
+    hook = webhook_of(redis_client, keys, job_id)
+    assert (hook["state"], hook["attempts"]) == ("delivered", 2)
+
+
+def test_attempts_used_up_by_dead_claimers_end_failed(redis_client, keys):
+    job_id = final_job(redis_client, keys, "http://127.0.0.1:9/never-asked")
+    redis_client.hset(keys.job(job_id), "webhook_attempts", 3)
+    assert not deliverer(redis_client, keys).deliver_one()
+    hook = webhook_of(redis_client, keys, job_id)
+    assert hook["state"] == "failed" and "never ended" in hook["last_error"]
+    assert redis_client.zcard(keys.webhooks_due()) == 0
+
+
+def test_deliveries_of_expired_jobs_are_dropped(redis_client, keys):
+    redis_client.zadd(keys.webhooks_due(), {"f" * 32: now_ms()})
+    assert not deliverer(redis_client, keys).deliver_one()
+    assert redis_client.zcard(keys.webhooks_due()) == 0
+
+
+def test_the_backoff_doubles_to_about_an_hour_over_eight_attempts():
+    waits = [backoff_ms(n, 30.0) for n in range(1, 8)]  # after each of the first 7 failures
+    assert all(30_000 * 2 ** i <= w <= 33_000 * 2 ** i for i, w in enumerate(waits))
+    assert 60 * 60_000 < sum(waits) < 70 * 60_000
+
+
+def test_the_running_thread_delivers_and_stops(redis_client, keys):
+    with WebhookReceiver() as receiver:
+        final_job(redis_client, keys, receiver.url)
+        worker = deliverer(redis_client, keys).start()
+        try:
+            receiver.wait_for(1, timeout_s=10)
+        finally:
+            worker.stop()
+    assert not worker._thread.is_alive()
+
+
+# -- one attempt -------------------------------------------------------------------------------------
+
+
+def test_an_answer_that_never_comes_times_out():
+    with WebhookReceiver([None]) as receiver:
+        started = time.monotonic()
+        with pytest.raises(DeliveryFailed, match="no answer within 0.3 s"):
+            post(receiver.url, b"{}", {}, ["127.0.0.1"], 0.3)
+        assert time.monotonic() - started < 2
+
+
+def serve_raw(answer: bytes):
+    """A server on 127.0.0.1 that answers one connection with these bytes: (url, its thread)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run():
+        connection, _ = listener.accept()
+        with connection, listener:
+            connection.recv(65536)
+            try:
+                connection.sendall(answer)
+            except OSError:
+                pass  # the deliverer stopped reading, as it should
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/hook", thread
+
+
+def test_redirects_are_not_followed_and_answers_not_read_past_the_status_line():
+    url, thread = serve_raw(b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/\r\n\r\n")
+    with pytest.raises(DeliveryFailed) as failed:
+        post(url, b"{}", {}, ["127.0.0.1"], 2)
+    assert failed.value.status == 302
+    thread.join(5)
+    url, thread = serve_raw(b"HTTP/1.1 204 No Content\r\n" + b"X-Filler: " + b"x" * 10_000_000)
+    assert post(url, b"{}", {}, ["127.0.0.1"], 2) == 204
+    thread.join(5)
+    url, thread = serve_raw(b"SSH-2.0-OpenSSH\r\n")
+    with pytest.raises(DeliveryFailed, match="no HTTP answer"):
+        post(url, b"{}", {}, ["127.0.0.1"], 2)
+    thread.join(5)
+
+
+def test_the_address_is_checked_again_at_delivery(monkeypatch):
+    """DNS rebinding: a name that was public at submit and resolves to a private address now."""
+    monkeypatch.setattr(socket, "getaddrinfo", resolver_of("10.0.0.7"))
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("connected"))
+    with pytest.raises(DeliveryFailed, match="refused: .*10.0.0.7"):
+        post("http://rebound.example.com/hook", b"{}", {}, [], 2)
