@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from benchmarks import ROOT, save
 from benchmarks.core import in_process_ceiling, machine, wrk
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
+from benchmarks.systems import gunicorn
 from funnel.common import settings as loader
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
@@ -49,9 +50,9 @@ def bare(env: dict[str, str]):
     """The bare Flask app under the gunicorn settings Funnel's web tier would take from env."""
     settings = loader.load(WebSettings, [], environ=env)
     port = free_port()
-    command = [sys.executable, "-m", "gunicorn", "-w", str(settings.processes), "-k", settings.worker_class,
-               "--threads", str(settings.threads), "--worker-connections", str(max(1000, settings.threads * 4)),
-               "--no-control-socket", "-b", f"127.0.0.1:{port}", "benchmarks.peers.bare_app:app"]
+    # gunicorn's default of 1000 worker connections is web/server.py's too, for up to 250 threads.
+    command = gunicorn("benchmarks.peers.bare_app:app", port, settings.processes,
+                       ["-k", settings.worker_class, "--threads", str(settings.threads)])
     web = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", web=web, workers=[], redis=None)

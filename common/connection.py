@@ -174,9 +174,14 @@ def _cluster_of(url: ClusterURL, options: dict[str, Any]) -> RedisCluster:
                         retry=Retry(NoBackoff(), 1), **{**node, **url.options})
 
 
+def on_cluster(client: redis.Redis) -> bool:
+    """Whether connect() gave a Redis Cluster client (Keys(cluster=...) follows it)."""
+    return isinstance(client, RedisCluster)
+
+
 def scan_keys(client: redis.Redis, match: str, count: int = 500):
     """SCAN for keys matching a pattern: on a cluster, on every primary (each holds its own slots)."""
-    if isinstance(client, RedisCluster):
+    if on_cluster(client):
         return client.scan_iter(match=match, count=count, target_nodes=RedisCluster.PRIMARIES)
     return client.scan_iter(match=match, count=count)
 

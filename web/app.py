@@ -12,10 +12,9 @@ from pathlib import Path
 import redis
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from redis.cluster import RedisCluster
 
 from funnel.common import tasks
-from funnel.common.connection import connect
+from funnel.common.connection import connect, on_cluster
 from funnel.common.errors import REPLY_STATUS, FunnelError
 from funnel.common.keys import Keys
 from funnel.common.registry import live_workers, queue_lengths
@@ -68,29 +67,11 @@ def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
     return FunnelError(message, code=code, status=REPLY_STATUS.get(code, 500))
 
 
-JOB_ENDPOINTS = ("jobs.submit", "jobs.status", "jobs.results", "jobs.cancel")
-
-
-def refuse_jobs(app: Flask) -> None:
-    """On Redis Cluster, 501 `unsupported_on_cluster` for async and bulk jobs: a job's record, its
-    results and the due webhooks are written together by one script, and the webhook deliverer
-    reads job records by name, which a cluster refuses across slots (docs/redis.md)."""
-
-    @app.before_request
-    def unsupported_on_cluster():
-        if request.endpoint in JOB_ENDPOINTS or (
-                request.endpoint == "predict" and jobs.wants_async(request.headers.get("Prefer", ""))):
-            raise FunnelError("async and bulk jobs are not available on a Redis Cluster deployment; "
-                              "send interactive predicts, or use a single Redis (or Sentinel)",
-                              code="unsupported_on_cluster", status=501)
-        return None
-
-
 def create_app(settings: WebSettings | None = None, client: redis.Redis | None = None) -> Flask:
     settings = settings or WebSettings.load([])
     models = load_models(settings)
     client = client or connect(settings.redis_url, socket_timeout=settings.request_timeout_s + 5)
-    keys = Keys(settings.prefix, cluster=isinstance(client, RedisCluster))
+    keys = Keys(settings.prefix, cluster=on_cluster(client))
     inbox = Inbox(client, keys, on_unclaimed=web_metrics.UNCLAIMED.inc) if settings.reply_inbox else None
     # redis-py's cluster pipeline refuses EVALSHA: on a cluster each request runs its push script itself.
     gateway = Gateway(client, keys, settings.max_queue, inbox, settings.shed, settings.hold_without_workers,
@@ -105,8 +86,6 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app.register_blueprint(v2.create_blueprint(models, gateway, client, keys, settings.request_timeout_s,
                                                settings.max_items, reply_error))
     web_metrics.install(app, set(models), settings.access_log)
-    if keys.cluster:
-        refuse_jobs(app)  # before jobs' own before_request, which would take an async predict
     jobs.install(app, models, client, keys, settings)  # after auth: its before_request answers async predicts
 
     @app.get("/")

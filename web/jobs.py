@@ -59,6 +59,18 @@ class Gone(FunnelError):
     status, code = 410, "job_expired"
 
 
+class OnCluster(FunnelError):
+    """A job's record, its results and the due webhooks are written together by one script, and
+    the webhook deliverer reads job records by name: a cluster refuses both across slots
+    (docs/redis.md)."""
+
+    status, code = 501, "unsupported_on_cluster"
+
+    def __init__(self):
+        super().__init__("async and bulk jobs are not available on a Redis Cluster deployment; send "
+                         "interactive predicts, or use a single Redis (or Sentinel)")
+
+
 class Conflict(FunnelError):
     status, code = 422, "idempotency_key_reused"
 
@@ -76,6 +88,8 @@ class JobsApi:
     # -- submit ----------------------------------------------------------------
 
     def submit(self, name: str, items: list[Any], webhook: str | None = None):
+        if self.keys.cluster:  # an async predict comes here without the blueprint's hook
+            raise OnCluster()
         task = self.models[name]
         idempotency = request.headers.get("Idempotency-Key")
         if idempotency is not None and not 0 < len(idempotency) <= MAX_IDEMPOTENCY_KEY:
@@ -287,6 +301,7 @@ def install(app: Flask, models: dict[str, Task], client: redis.Redis, keys: Keys
     def cancel(job_id: str):
         return api.cancel(job_id)
 
+    refuse_on_cluster(blueprint, keys)
     app.register_blueprint(blueprint)
 
     @app.before_request
@@ -304,6 +319,14 @@ def install(app: Flask, models: dict[str, Task], client: redis.Redis, keys: Keys
         response = api.submit(name, items, webhook_of(None))
         response.headers["Preference-Applied"] = "respond-async"
         return response
+
+
+def refuse_on_cluster(blueprint: Blueprint, keys: Keys) -> None:
+    """On a Redis Cluster every jobs route answers 501 (OnCluster), after the API key check."""
+    if keys.cluster:
+        @blueprint.before_request
+        def unsupported_on_cluster():
+            raise OnCluster()
 
 
 def webhook_of(in_body: Any) -> str | None:

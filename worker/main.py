@@ -10,10 +10,9 @@ import time
 from functools import partial
 
 import redis
-from redis.cluster import RedisCluster
 
 from funnel.common import tasks
-from funnel.common.connection import connect
+from funnel.common.connection import connect, on_cluster
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.worker import backend as backends
@@ -41,7 +40,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     spec = load_spec(settings.model_store, settings.model)
     task = tasks.load(spec)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
-    keys = Keys(settings.prefix, cluster=isinstance(client, RedisCluster))
+    keys = Keys(settings.prefix, cluster=on_cluster(client))
     device = retrying(lambda: devices.resolve(settings.device, settings.devices, settings.backend,  # auto
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
