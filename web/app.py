@@ -15,20 +15,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from funnel.common import tasks
 from funnel.common.connection import connect, on_cluster
-from funnel.common.errors import REPLY_STATUS, FunnelError
 from funnel.common.keys import Keys
 from funnel.common.registry import live_workers, queue_lengths
 from funnel.common.store import list_models, load_spec
 from funnel.common.tasks import Task
-from funnel.common.wire import Reply
 from funnel.web import auth, errors, jobs, openapi, v2
 from funnel.web import metrics as web_metrics
 from funnel.web.gateway import Gateway
 from funnel.web.inbox import Inbox
-from funnel.web.inputs import read_items, served
+from funnel.web.inputs import served
 from funnel.web.jsonio import OrjsonProvider
+from funnel.web.predict import PredictPath, answer, reply_error
 from funnel.web.settings import WebSettings
-from funnel.web.shedding import request_timeout
 
 log = logging.getLogger("funnel.web")
 
@@ -57,14 +55,6 @@ def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
     """One model as GET /v1/models shows it: spec, task fields, limits, queue and live workers."""
     return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
             "queue": queue_length, "workers": [w for w in workers if w.get("model") == task.spec.name]}
-
-
-def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
-    error = reply.error or {}
-    code, message = error.get("code", "inference_failed"), error.get("message", "")
-    if count > 1:
-        message = f"item {index}: {message}"
-    return FunnelError(message, code=code, status=REPLY_STATUS.get(code, 500))
 
 
 def create_app(settings: WebSettings | None = None, client: redis.Redis | None = None) -> Flask:
@@ -97,23 +87,10 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
 
     @app.post("/v1/models/<name>/predict")
     def predict(name: str):
-        task = served(models, name)
-        items, single = read_items(task.input_kind, request, settings.max_items)
-        inputs = [task.preprocess(item) for item in items]
-        replies = gateway.submit(name, inputs, request_timeout(request.headers, settings.request_timeout_s))
-        for reply in replies:
-            web_metrics.QUEUE_WAIT.labels(name).observe(reply.queue_ms / 1000)
-            web_metrics.RODE_IN.labels(name).observe(reply.batch_size)
-        for i, reply in enumerate(replies):
-            if not reply.ok:
-                raise reply_error(reply, i, len(replies))
-        results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by OrjsonProvider
-        meta = [{"worker": r.worker, "batch_size": r.batch_size,
-                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
-        if single:
-            return jsonify({"model": name, **results[0], "meta": meta[0]})
-        return jsonify({"model": name, "results": results, "meta": meta})
+        return jsonify(answer(served(models, name), name, request, gateway, settings))
 
+    if settings.predict_path:  # the common predict skips Flask's request machinery (web/predict.py)
+        app.wsgi_app = PredictPath(app.wsgi_app, models, gateway, settings)  # type: ignore[method-assign]
     return app
 
 

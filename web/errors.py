@@ -1,10 +1,18 @@
-"""Every error answers JSON {"error": {"code", "message"}} with its status; 503s say when to retry."""
+"""Every error answers JSON {"error": {"code", "message"}} with its status; 503s say when to retry.
+
+`render()` is the one place an exception becomes an answer: Flask's error
+handlers use it, and so does the predict path that answers without Flask
+(web/predict.py).
+"""
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import redis
-from flask import Flask, Request, jsonify, request
-from werkzeug.exceptions import HTTPException
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.wrappers import Request
 
 from funnel.common.errors import FunnelError, Unavailable
 
@@ -12,26 +20,39 @@ from funnel.common.errors import FunnelError, Unavailable
 def install(app: Flask) -> None:
     """JSON errors for Funnel's own, Redis's (503) and Werkzeug's (404, 405, 413, ...)."""
 
-    @app.errorhandler(FunnelError)
-    def funnel_error(exc: FunnelError):
-        response = jsonify(exc.to_json())
-        response.status_code = exc.status
-        if exc.status == 503:
-            response.headers["Retry-After"] = retry_after(exc)
+    def as_response(exc: Exception):
+        status, body, headers = render(exc, request)
+        response = jsonify(body)
+        response.status_code = status
+        response.headers.extend(headers)
         return response
 
-    @app.errorhandler(redis.RedisError)
-    def redis_error(exc: redis.RedisError):
-        return funnel_error(Unavailable(f"queue unavailable: {type(exc).__name__}"))
+    for kind in (FunnelError, redis.RedisError, HTTPException):
+        app.register_error_handler(kind, as_response)
 
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException):
-        if exc.code == 413:
-            drain_body(request)
-        code = (exc.name or "error").lower().replace(" ", "_")
-        response = jsonify({"error": {"code": code, "message": exc.description}})
-        response.status_code = exc.code or 500
-        return response
+
+def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str]]]:
+    """The status, JSON body and extra headers that answer `exc`; anything unexpected is a 500."""
+    if isinstance(exc, redis.RedisError):
+        exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
+    if isinstance(exc, FunnelError):
+        headers = [("Retry-After", retry_after(exc))] if exc.status == 503 else []
+        return exc.status, exc.to_json(), headers
+    if not isinstance(exc, HTTPException):
+        exc = InternalServerError()
+    if exc.code == 413:
+        drain_body(req)
+    code = (exc.name or "error").lower().replace(" ", "_")
+    return exc.code or 500, {"error": {"code": code, "message": exc.description}}, []
+
+
+def expected(exc: Exception) -> bool:
+    """An error a client caused or Redis did, answered without a traceback in the log."""
+    return isinstance(exc, (FunnelError, redis.RedisError, HTTPException))
+
+
+def status_line(status: int) -> str:
+    return f"{status} {HTTPStatus(status).phrase}"
 
 
 def retry_after(exc: FunnelError) -> str:

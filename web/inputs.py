@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Request
+from werkzeug.wrappers import Request
 
 from funnel.common.errors import BadInput, NotFound, UnsupportedMediaType
 from funnel.common.tasks import InputKind, Task

@@ -32,6 +32,8 @@ class WebSettings(SharedSettings):
                              "(web/response.py)")
     outbox: bool = setting(True, "send the pushes of concurrent requests to Redis in one pipeline per "
                            "round trip, from one sender per process (off: one round trip per request)")
+    predict_path: bool = setting(True, "answer the common predict (no async preference, no webhook) straight "
+                                 "from WSGI, without Flask's request context, routing and hooks (web/predict.py)")
     processes: int = setting(2, "gunicorn worker processes")
     worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
                                 "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
