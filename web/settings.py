@@ -37,7 +37,7 @@ class WebSettings(SharedSettings):
     processes: int = setting(2, "gunicorn worker processes")
     worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
                                 "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
-    threads: int = setting(64, "threads per gunicorn process (each waits on one request)")
+    threads: int = setting(64, "threads per gunicorn process (each waits on one request), gthread only")
     job_ttl_s: int = setting(86400, "seconds an async or bulk job and its results are kept after its last "
                              "progress (submit, or an item answered); then GET answers 410")
     max_job_items: int = setting(100_000, "most texts (or inputs) in one bulk job")
