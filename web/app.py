@@ -25,7 +25,7 @@ from funnel.web.gateway import Gateway
 from funnel.web.inbox import Inbox
 from funnel.web.inputs import served
 from funnel.web.jsonio import OrjsonProvider
-from funnel.web.predict import PredictPath, answer, reply_error
+from funnel.web.predict import PredictPath, answer
 from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
@@ -74,7 +74,7 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     errors.install(app)
     auth.install(app, settings.api_keys)
     app.register_blueprint(v2.create_blueprint(models, gateway, client, keys, settings.request_timeout_s,
-                                               settings.max_items, reply_error))
+                                               settings.max_items))
     web_metrics.install(app, set(models), settings.access_log)
     jobs.install(app, models, client, keys, settings)  # after auth: its before_request answers async predicts
 

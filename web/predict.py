@@ -89,12 +89,13 @@ class PredictPath:
         request.max_content_length = self.max_body
         headers: list[tuple[str, str]] = []
         try:
-            status, body = 200, answer(self.models[name], name, request, self.gateway, self.settings)
+            status, data = 200, orjson.dumps(answer(self.models[name], name, request, self.gateway, self.settings),
+                                             option=OPTIONS)
         except Exception as exc:  # every failure answers as Flask's error handlers would (web/errors.py)
             if not errors.expected(exc):
                 log.exception("predict %s failed", name)
             status, body, headers = errors.render(exc, request)
-        data = orjson.dumps(body, option=OPTIONS)
+            data = orjson.dumps(body)
         web_metrics.count(name, status, time.perf_counter() - started, request.content_length,
                           self.settings.access_log)
         start_response(errors.status_line(status), [("Content-Type", "application/json"),

@@ -34,6 +34,7 @@ from funnel.common.wire import Reply
 from funnel.web.errors import drain_body, retry_after
 from funnel.web.gateway import Gateway
 from funnel.web.inputs import served
+from funnel.web.predict import reply_error
 from funnel.web.shedding import request_timeout
 from funnel.web.tensors import DATATYPES, NAMES_OF, Tensor, answer_body, output_entry, read_inputs, split_body
 
@@ -215,8 +216,7 @@ def answer_outputs(task: Task, wanted: list[tuple[str, bool, int]], replies: lis
 
 
 def create_blueprint(models: dict[str, Task], gateway: Gateway, client: redis.Redis, keys: Keys,
-                     timeout_s: float, max_items: int, reply_error: Callable[[Reply, int, int], FunnelError]
-                     ) -> Blueprint:
+                     timeout_s: float, max_items: int) -> Blueprint:
     v2 = Blueprint("v2", __name__, url_prefix="/v2")
 
     @v2.errorhandler(FunnelError)
