@@ -218,8 +218,8 @@ def _run(sentinels: LocalSentinels, model_store: str | Path, log_dir: Path, clie
             wait_until(lambda: sum(r.status == 200 for r in requests) >= before, 60,
                        f"{before} answers before the kill")
             old = sentinels.current_primary()
+            killed_at = time.monotonic()  # before the signal: a request may fail before kill() returns
             old.kill()
-            killed_at = time.monotonic()
             stop_at[0] = killed_at + after_s
             sentinels.wait_failover(old.port, timeout_s=after_s)
             failed_over_at = time.monotonic()

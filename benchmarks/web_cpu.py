@@ -5,8 +5,9 @@
 
 Each variant is a stack (private Redis, the web tier, one text-embedding
 worker) started with its own FUNNEL_* web settings, or, named `bare...`, the
-floor: a Flask app that parses the JSON and answers a constant
-(benchmarks/peers/bare_app.py) under the same gunicorn settings; every round starts each
+floor: an app that parses the JSON and answers a constant under the same
+gunicorn settings (benchmarks/peers/bare_app.py, Flask, for gthread and gevent;
+benchmarks/peers/bare_asgi.py for asgi); every round starts each
 variant in turn (the order rotating), warms it, runs wrk with one sentence
 per POST at each number of clients, and reads the CPU seconds of the web processes (gunicorn master and
 workers), the worker and Redis from /proc over the run. Prints medians over
@@ -47,12 +48,14 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 @contextlib.contextmanager
 def bare(env: dict[str, str]):
-    """The bare Flask app under the gunicorn settings Funnel's web tier would take from env."""
+    """The bare app under the gunicorn settings Funnel's web tier would take from env."""
     settings = loader.load(WebSettings, [], environ=env)
     port = free_port()
-    # gunicorn's default of 1000 worker connections is web/server.py's too, for up to 250 threads.
-    command = gunicorn("benchmarks.peers.bare_app:app", port, settings.processes,
-                       ["-k", settings.worker_class, "--threads", str(settings.threads)])
+    if settings.worker_class == "asgi":
+        command = gunicorn("benchmarks.peers.bare_asgi:app", port, settings.processes, ["-k", "funnel.web.asgi.Worker"])
+    else:  # gunicorn's default of 1000 worker connections is web/server.py's too, for up to 250 threads.
+        command = gunicorn("benchmarks.peers.bare_app:app", port, settings.processes,
+                           ["-k", settings.worker_class, "--threads", str(settings.threads)])
     web = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", web=web, workers=[], redis=None)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from werkzeug.datastructures import Headers
 
 from funnel.common.keys import Keys
 from funnel.scripts.redis_local import LocalCluster, LocalRedis, LocalSentinels
@@ -121,8 +122,8 @@ def coffee_jpeg() -> bytes:
 
 
 def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
-         json_body=None, timeout: float = 60) -> tuple[int, dict, dict]:
-    """One HTTP call: (status, decoded JSON body or {}, headers)."""
+         json_body=None, timeout: float = 60) -> tuple[int, dict, Headers]:
+    """One HTTP call: (status, decoded JSON body or {}, headers, looked up by any case)."""
     import json
     import urllib.error
     import urllib.request
@@ -134,9 +135,9 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
     req = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
-            status, raw, hdrs = response.status, response.read(), dict(response.headers)
+            status, raw, hdrs = response.status, response.read(), Headers(response.headers.items())
     except urllib.error.HTTPError as err:
-        status, raw, hdrs = err.code, err.read(), dict(err.headers)
+        status, raw, hdrs = err.code, err.read(), Headers(err.headers.items())
     try:
         return status, json.loads(raw), hdrs
     except ValueError:

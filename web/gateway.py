@@ -11,8 +11,12 @@ is past its deadline: still one round trip per request.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import redis
@@ -20,7 +24,7 @@ import redis
 from funnel.common.errors import Overloaded, Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, Reply, decode_reply, encode_job, now_ms
-from funnel.web.inbox import Inbox
+from funnel.web.inbox import Inbox, LoopWaiter
 from funnel.web.outbox import Outbox
 from funnel.web.shedding import NO_WORKER_RETRY_AFTER_S, Calibration, Capacity, WorkerView, retry_after_s
 
@@ -48,6 +52,24 @@ return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, 10)), ahead}
 """
 
 
+@dataclass
+class _Plan:
+    """One request's jobs on their way: what submit() and submit_async() share."""
+
+    model: str
+    timeout_s: float
+    ids: list[str]
+    jobs: list[Job]
+    deadline: int
+    capacity: Capacity
+    calibration: float
+    keys: list[str]
+    args: list[bytes | str | int | float]
+    waiter: Any
+    pushed_ms: int = 0
+    ahead: int = -1  # jobs ahead of it when pushed, as the script counted them (-1: not estimated)
+
+
 class Gateway:
     def __init__(self, client: redis.Redis, keys: Keys, max_queue: int = 0, inbox: Inbox | None = None,
                  shed: bool = True, hold_without_workers: bool = False, outbox: bool = False):
@@ -66,6 +88,30 @@ class Gateway:
         503 at once when no live worker serves the model (unless held), when the
         queue is at FUNNEL_MAX_QUEUE, or when the predicted wait is past timeout_s.
         """
+        plan = self._plan(model, inputs, timeout_s, raw, self.inbox.expect if self.inbox else None)
+        with self._queued(plan):
+            self._accepted(plan, self.outbox.push(plan.keys, plan.args, timeout_s) if self.outbox
+                           else self._push(keys=plan.keys, args=plan.args))
+            if self.inbox and plan.waiter is not None:
+                return self.inbox.collect(plan.waiter, plan.ids, plan.deadline)
+            return self._await(plan.jobs, plan.deadline)
+
+    async def submit_async(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float) -> list[Reply]:
+        """submit() for a request on the event loop (web/asgi.py): the same steps, awaited.
+
+        The push goes out with the other pushes of the loop's tick (Outbox.push_async) and
+        the replies come through the inbox; both are required (the ASGI front sets them up).
+        """
+        inbox, outbox = self.inbox, self.outbox
+        assert inbox is not None and outbox is not None, "the event loop's predict needs the inbox and outbox"
+        plan = self._plan(model, inputs, timeout_s, False, lambda m, ids: inbox.expect(m, ids, LoopWaiter(len(ids))))
+        with self._queued(plan):
+            self._accepted(plan, await outbox.push_async(plan.keys, plan.args))
+            return await inbox.collect_async(plan.waiter, plan.ids, plan.deadline)
+
+    def _plan(self, model: str, inputs: list[dict[str, np.ndarray]], timeout_s: float, raw: bool,
+              expect: Callable[[str, list[str]], Any] | None) -> _Plan:
+        """The jobs and the push script's keys and arguments; their replies expected before they go."""
         deadline = now_ms() + int(timeout_s * 1000)
         try:
             capacity = self._capacity(model)
@@ -73,7 +119,7 @@ class Gateway:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         ids = [uuid.uuid4().hex for _ in inputs]
         inbox = self.inbox
-        waiter = inbox.expect(model, ids) if inbox else None
+        waiter = expect(model, ids) if expect else None
         # Reply lists in the model's slot, with its queue and in-flight lists (common/keys.py).
         reply_to = [inbox.key(model)] * len(ids) if inbox else [self.keys.reply(model, i) for i in ids]
         jobs = [Job(id=job_id, model=model, inputs=item, reply_to=to, deadline=deadline, raw=raw)
@@ -83,32 +129,38 @@ class Gateway:
         keys = [self.keys.queue(model), *(self.keys.inflight(model, w) for w in capacity.workers if estimate)]
         args: list[bytes | str | int | float] = [self.max_queue, int(estimate), timeout_s,
                                                  *capacity.script_args(calibration), *map(encode_job, jobs)]
+        return _Plan(model, timeout_s, ids, jobs, deadline, capacity, calibration, keys, args, waiter)
+
+    @contextlib.contextmanager
+    def _queued(self, plan: _Plan):
+        """Around a request's push and wait: a Redis error is a 503, and its replies are no longer
+        expected once it leaves; an accepted push's answer (or timeout) calibrates the shedder."""
         try:
-            outcome, count, *ahead = (self.outbox.push(keys, args, timeout_s) if self.outbox
-                                      else self._push(keys=keys, args=args))
-            if outcome == 0:
-                raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
-                                 retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))
-                                 if capacity.known else 1)
-            if outcome < 0:
-                wait_s = capacity.wait_s(count, len(jobs), calibration)
-                raise Overloaded(f"the {model} queue would answer in about {wait_s:.1f} s, past this "
-                                 f"request's deadline of {timeout_s:g} s; retry later",
-                                 retry_after=retry_after_s(wait_s))
-            pushed_ms = now_ms()
-            try:
-                if inbox and waiter is not None:
-                    return inbox.collect(waiter, ids, deadline)
-                return self._await(jobs, deadline)
-            finally:  # answered or timed out: either way, how late against the prediction
-                if ahead and ahead[0] >= 0:
-                    self.calibration.observe(model, capacity.wait_s(ahead[0], len(jobs)),
-                                             (now_ms() - pushed_ms) / 1000)
+            yield
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         finally:
-            if inbox:
-                inbox.forget(ids)
+            if plan.ahead >= 0:  # answered or timed out: either way, how late against the prediction
+                self.calibration.observe(plan.model, plan.capacity.wait_s(plan.ahead, len(plan.jobs)),
+                                         (now_ms() - plan.pushed_ms) / 1000)
+            if self.inbox:
+                self.inbox.forget(plan.ids)
+
+    def _accepted(self, plan: _Plan, pushed: list) -> None:
+        """The push script's answer: 503 if it turned the request away; else the jobs ahead of it."""
+        outcome, count, *ahead = pushed
+        capacity, calibration = plan.capacity, plan.calibration
+        if outcome == 0:
+            raise Overloaded(f"the {plan.model} queue is full ({count} jobs); retry shortly",
+                             retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))
+                             if capacity.known else 1)
+        if outcome < 0:
+            wait_s = capacity.wait_s(count, len(plan.jobs), calibration)
+            raise Overloaded(f"the {plan.model} queue would answer in about {wait_s:.1f} s, past this "
+                             f"request's deadline of {plan.timeout_s:g} s; retry later",
+                             retry_after=retry_after_s(wait_s))
+        plan.pushed_ms = now_ms()
+        plan.ahead = ahead[0] if ahead else -1
 
     def _capacity(self, model: str) -> Capacity:
         """The model's live workers (cached per process); 503 at once when it has none, unless held."""

@@ -16,6 +16,7 @@ a single Redis too (one BRPOP over several lists would need an RPOP for each).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -36,10 +37,41 @@ IDLE_BLOCK_S = 1.0   # BRPOP timeout when nothing arrives: how often the thread 
 RETRY_S = 0.2        # pause after a Redis error before listening again
 
 
+class LoopWaiter:
+    """Where a request on the event loop (web/asgi.py) waits: the listener thread's put() wakes it.
+
+    Made on the loop's thread; put() may be called from any thread. Its future is done
+    once `count` replies are in, or at the first error.
+    """
+
+    def __init__(self, count: int):
+        self.loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[list[Reply]] = self.loop.create_future()
+        self.count = count
+        self.got: list[Reply] = []
+
+    def put(self, item: Reply | Exception) -> None:
+        self.loop.call_soon_threadsafe(self._add, item)
+
+    def _add(self, item: Reply | Exception) -> None:
+        if self.future.done():  # timed out, or failed before
+            return
+        if isinstance(item, Exception):
+            self.future.set_exception(item)
+            return
+        self.got.append(item)
+        if len(self.got) == self.count:
+            self.future.set_result(self.got)
+
+    def expire(self) -> None:
+        if not self.future.done():
+            self.future.set_exception(Timeout("no reply before the deadline"))
+
+
 class Inbox:
     def __init__(self, client: redis.Redis, keys: Keys, on_unclaimed: Callable[[], None] = lambda: None):
         self.client, self.keys, self.on_unclaimed = client, keys, on_unclaimed
-        self._waiting: dict[str, tuple[str, SimpleQueue]] = {}  # job id -> (model, its request's queue)
+        self._waiting: dict[str, tuple[str, SimpleQueue | LoopWaiter]] = {}  # job id -> (model, its request's queue)
         self._inboxes: dict[str, str] = {}  # model -> this process's reply list for it
         self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own threads
         self._start_lock = threading.Lock()
@@ -50,27 +82,34 @@ class Inbox:
         """The reply list this process's jobs of `model` name (after expect)."""
         return self._inboxes[model]
 
-    def expect(self, model: str, job_ids: list[str]) -> SimpleQueue:
-        """Register jobs before they are queued, so no reply can arrive unclaimed."""
+    def expect(self, model: str, job_ids: list[str], waiter: SimpleQueue | LoopWaiter | None = None):
+        """Register jobs before they are queued, so no reply can arrive unclaimed; their waiter."""
         self._ensure_listening(model)
-        waiter: SimpleQueue = SimpleQueue()
+        waiter = SimpleQueue() if waiter is None else waiter
         for job_id in job_ids:
             self._waiting[job_id] = (model, waiter)
         return waiter
 
     def collect(self, waiter: SimpleQueue, job_ids: list[str], deadline: int) -> list[Reply]:
         """The replies of job_ids in their order; Timeout at the deadline."""
-        position = {job_id: i for i, job_id in enumerate(job_ids)}
-        replies: list[Reply | None] = [None] * len(job_ids)
+        got = []
         for _ in job_ids:
             try:
-                got = waiter.get(timeout=max(0.0, (deadline - now_ms()) / 1000))
+                reply = waiter.get(timeout=max(0.0, (deadline - now_ms()) / 1000))
             except Empty:
                 raise Timeout("no reply before the deadline") from None
-            if isinstance(got, Exception):
-                raise got
-            replies[position[got.id]] = got
-        return replies  # type: ignore[return-value]
+            if isinstance(reply, Exception):
+                raise reply
+            got.append(reply)
+        return _in_order(job_ids, got)
+
+    async def collect_async(self, waiter: LoopWaiter, job_ids: list[str], deadline: int) -> list[Reply]:
+        """collect() on the event loop: waiting costs no thread, its deadline one timer."""
+        timer = waiter.loop.call_later(max(0.0, (deadline - now_ms()) / 1000), waiter.expire)
+        try:
+            return _in_order(job_ids, await waiter.future)
+        finally:
+            timer.cancel()
 
     def forget(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
@@ -129,3 +168,8 @@ class Inbox:
         waits for them."""
         for waiter in {waiter for of, waiter in list(self._waiting.values()) if of == model}:
             waiter.put(error)
+
+
+def _in_order(job_ids: list[str], replies: list[Reply]) -> list[Reply]:
+    position = {job_id: i for i, job_id in enumerate(job_ids)}
+    return sorted(replies, key=lambda reply: position[reply.id])

@@ -40,9 +40,24 @@ TO_FLASK = ("HTTP_PREFER", "HTTP_WEBHOOK_URL")
 
 def answer(task: Task, name: str, request: Request, gateway: Gateway, settings: WebSettings) -> dict:
     """One predict's JSON answer; a FunnelError for a bad input or a failed reply."""
+    inputs, single, timeout_s = read(task, request, settings)
+    return answered(name, gateway.submit(name, inputs, timeout_s), single)
+
+
+async def answer_async(task: Task, name: str, request: Request, gateway: Gateway, settings: WebSettings) -> dict:
+    """answer() on the event loop (web/asgi.py): reading and preprocessing run inline, waiting awaits."""
+    inputs, single, timeout_s = read(task, request, settings)
+    return answered(name, await gateway.submit_async(name, inputs, timeout_s), single)
+
+
+def read(task: Task, request: Request, settings: WebSettings) -> tuple[list, bool, float]:
+    """The request's preprocessed inputs, whether it sent one item, and its deadline in seconds."""
     items, single = read_items(task.input_kind, request, settings.max_items)
     inputs = [task.preprocess(item) for item in items]
-    replies = gateway.submit(name, inputs, request_timeout(request.headers, settings.request_timeout_s))
+    return inputs, single, request_timeout(request.headers, settings.request_timeout_s)
+
+
+def answered(name: str, replies: list[Reply], single: bool) -> dict:
     web_metrics.replied(name, replies)
     for i, reply in enumerate(replies):
         if not reply.ok:
@@ -81,28 +96,43 @@ class PredictPath:
         self.max_body = int(settings.max_body_mb * 1024 * 1024)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        name = self._ours(environ)
+        name = self.ours(environ)
         if name is None:
             return self.flask_app(environ, start_response)
         started = time.perf_counter()
-        request = PredictRequest(environ)
-        request.max_content_length = self.max_body
-        headers: list[tuple[str, str]] = []
+        request = self.request(environ)
         try:
-            status, data = 200, orjson.dumps(answer(self.models[name], name, request, self.gateway, self.settings),
-                                             option=OPTIONS)
-        except Exception as exc:  # every failure answers as Flask's error handlers would (web/errors.py)
-            if not errors.expected(exc):
-                log.exception("predict %s failed", name)
-            status, body, headers = errors.render(exc, request)
-            data = orjson.dumps(body)
-        web_metrics.count(name, status, time.perf_counter() - started, request.content_length,
-                          self.settings.access_log)
+            result: dict | Exception = answer(self.models[name], name, request, self.gateway, self.settings)
+        except Exception as exc:
+            result = exc
+        status, data, headers = self.respond(name, request, result, started)
         start_response(errors.status_line(status), [("Content-Type", "application/json"),
                                                     ("Content-Length", str(len(data))), *headers])
         return [data]
 
-    def _ours(self, environ: dict[str, Any]) -> str | None:
+    def request(self, environ: dict) -> PredictRequest:
+        request = PredictRequest(environ)
+        request.max_content_length = self.max_body
+        return request
+
+    def respond(self, name: str, request: Request, result: dict | Exception,
+                started: float) -> tuple[int, bytes, list[tuple[str, str]]]:
+        """Status, JSON and extra headers for an answer or its failure, counted in the metrics."""
+        headers: list[tuple[str, str]] = []
+        try:
+            if isinstance(result, Exception):
+                raise result
+            status, data = 200, orjson.dumps(result, option=OPTIONS)
+        except Exception as exc:  # every failure answers as Flask's error handlers would (web/errors.py)
+            if not errors.expected(exc):
+                log.exception("predict %s failed", name, exc_info=exc)
+            status, body, headers = errors.render(exc, request)
+            data = orjson.dumps(body)
+        web_metrics.count(name, status, time.perf_counter() - started, request.content_length,
+                          self.settings.access_log)
+        return status, data, headers
+
+    def ours(self, environ: dict[str, Any]) -> str | None:
         """The model's name when this is a predict PredictPath answers; None sends it to Flask."""
         if environ.get("REQUEST_METHOD") != "POST":
             return None

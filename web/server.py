@@ -40,8 +40,8 @@ class WebServer(BaseApplication):
         s = self.settings
         self.cfg.set("bind", f"{s.host}:{s.port}")
         self.cfg.set("workers", s.processes)
-        # Each waiting request holds a thread (gthread) or a greenlet (gevent).
-        self.cfg.set("worker_class", s.worker_class)
+        # Each waiting request holds a thread (gthread), a greenlet (gevent) or a future (asgi).
+        self.cfg.set("worker_class", "funnel.web.asgi.Worker" if s.worker_class == "asgi" else s.worker_class)
         self.cfg.set("threads", s.threads)
         self.cfg.set("worker_connections", max(1000, s.threads * 4))
         self.cfg.set("timeout", int(s.request_timeout_s) + 30)
@@ -57,7 +57,12 @@ class WebServer(BaseApplication):
         # Runs in each gunicorn worker after the fork: its own Redis pool.
         from funnel.web.app import create_app
 
-        return create_app(self.settings)
+        app = create_app(self.settings)
+        if self.settings.worker_class == "asgi":
+            from funnel.web.asgi import Front
+
+            return Front(app, self.settings)
+        return app
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,9 +35,12 @@ class WebSettings(SharedSettings):
     predict_path: bool = setting(True, "answer the common predict (no async preference, no webhook) straight "
                                  "from WSGI, without Flask's request context, routing and hooks (web/predict.py)")
     processes: int = setting(2, "gunicorn worker processes")
-    worker_class: str = setting("gthread", "gunicorn worker class: gthread (a thread per waiting request) "
-                                "or gevent (a greenlet per request)", choices=["gthread", "gevent"])
-    threads: int = setting(64, "threads per gunicorn process (each waits on one request), gthread only")
+    worker_class: str = setting("asgi", "gunicorn worker class: gthread (a thread per waiting request), "
+                                "gevent (a greenlet per request) or asgi (uvicorn's worker: the common "
+                                "predict on an event loop, the rest through Flask in threads; web/asgi.py)",
+                                choices=["gthread", "gevent", "asgi"])
+    threads: int = setting(64, "threads per gunicorn process (each waits on one request); under asgi, the "
+                           "threads that run Flask's routes other than the common predict")
     job_ttl_s: int = setting(86400, "seconds an async or bulk job and its results are kept after its last "
                              "progress (submit, or an item answered); then GET answers 410")
     max_job_items: int = setting(100_000, "most texts (or inputs) in one bulk job")

@@ -154,6 +154,7 @@ class WorkerView:
         self._read_at = -math.inf
         self._lock = threading.Lock()
         self._served_at: dict[str, float] = {}  # model -> when this process last saw a live worker of it
+        self._computed: dict[str, tuple[list, Capacity]] = {}  # model -> (the view it was computed from, its capacity)
 
     def recently_served(self, model: str) -> bool:
         """Whether a live worker of the model was seen within NO_WORKER_GRACE_S."""
@@ -168,7 +169,7 @@ class WorkerView:
     def _capacity(self, model: str) -> Capacity:
         now = self.clock()
         if self._workers is not None:
-            last = capacity(self._workers, model)
+            last = self._of(self._workers, model)
             if now - self._read_at < (self.refresh_s if last.workers else EMPTY_REFRESH_S):
                 return last
             # Stale: one thread re-reads while the others go on with the last view, unless it
@@ -181,6 +182,13 @@ class WorkerView:
             if self._read_at <= now:  # nobody refreshed it while this thread waited
                 self._workers = registry.live_workers(self.client, self.keys)
                 self._read_at = self.clock()
-            return capacity(self._workers or [], model)
+            return self._of(self._workers or [], model)
         finally:
             self._lock.release()
+
+    def _of(self, workers: list[dict[str, str]], model: str) -> Capacity:
+        """capacity(), computed once per view and model, not once per request."""
+        computed = self._computed.get(model)
+        if computed is None or computed[0] is not workers:
+            computed = self._computed[model] = (workers, capacity(workers, model))
+        return computed[1]

@@ -6,8 +6,9 @@ starts, with FAILOVER_LEDGER naming a folder. Python imports this module at
 start-up; it wraps two functions as their modules load, records job ids, and
 changes nothing else:
 
-- web: Inbox.collect, which the gateway calls once Redis has acknowledged the
-  push of a request's jobs: `queued-<pid>` gets their ids;
+- web: Inbox.collect and Inbox.collect_async (the asgi worker class), which the
+  gateway calls once Redis has acknowledged the push of a request's jobs:
+  `queued-<pid>` gets their ids;
 - worker: reply.answer, once its transaction has been acknowledged:
   `answered-<pid>` gets the ids it answered.
 
@@ -38,7 +39,15 @@ def _web(inbox) -> None:
         _record("queued", list(job_ids))
         return collect(self, waiter, job_ids, deadline)
 
+    collect_async = inbox.Inbox.collect_async
+
+    @functools.wraps(collect_async)
+    async def recorded_async(self, waiter, job_ids, deadline):
+        _record("queued", list(job_ids))
+        return await collect_async(self, waiter, job_ids, deadline)
+
     inbox.Inbox.collect = recorded
+    inbox.Inbox.collect_async = recorded_async
 
 
 def _worker(reply) -> None:

@@ -1,5 +1,6 @@
 """The web process's shared reply inbox, against a real Redis: replies pushed as a worker pushes them."""
 
+import asyncio
 import random
 
 import pytest
@@ -9,8 +10,8 @@ from redis.crc import key_slot
 from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply, now_ms
-from funnel.scripts.redis_local import LocalRedis
-from funnel.web.inbox import Inbox
+from funnel.scripts.redis_local import LocalRedis, wait_until
+from funnel.web.inbox import Inbox, LoopWaiter
 
 M, OTHER = "text-embedding", "image-classifier"
 
@@ -92,4 +93,58 @@ def test_redis_going_away_fails_the_waiting_requests():
         with pytest.raises(Unavailable):
             inbox.collect(waiter, ["stranded"], now_ms() + 20_000)
     finally:
+        inbox.close()
+
+
+def test_requests_on_an_event_loop_get_their_replies_in_order(redis_client, inbox):
+    """web/asgi.py's requests wait on the loop (LoopWaiter); the listener thread wakes them."""
+    first, second = ["c1", "c2", "c3"], ["d1"]
+
+    async def both():
+        waiters = [inbox.expect(M, ids, LoopWaiter(len(ids))) for ids in (first, second)]
+        redis_client.lpush(inbox.key(M), reply("c3", 2), reply("d1", 9), reply("c1", 0))
+        redis_client.lpush(inbox.key(M), reply("c2", 1))  # in a later round trip of the listener
+        deadline = now_ms() + 10_000
+        return await asyncio.gather(*(inbox.collect_async(w, ids, deadline)
+                                      for w, ids in zip(waiters, (first, second))))
+
+    got_first, got_second = asyncio.run(both())
+    assert [r.id for r in got_first] == first and [r.outputs["value"] for r in got_first] == [0, 1, 2]
+    assert [r.outputs["value"] for r in got_second] == [9]
+
+
+def test_on_an_event_loop_no_reply_by_the_deadline_is_a_timeout_and_a_late_one_is_dropped(redis_client, keys):
+    unclaimed = []
+    inbox = Inbox(redis_client, keys, on_unclaimed=lambda: unclaimed.append(1))
+
+    async def slow():
+        waiter = inbox.expect(M, ["late"], LoopWaiter(1))
+        try:
+            await inbox.collect_async(waiter, ["late"], now_ms() + 200)
+        finally:
+            inbox.forget(["late"])
+
+    try:
+        with pytest.raises(Timeout):
+            asyncio.run(slow())
+        redis_client.lpush(inbox.key(M), reply("late", 1))
+        wait_until(lambda: unclaimed == [1], 10, "the late reply dropped")
+    finally:
+        inbox.close()
+
+
+def test_redis_going_away_fails_the_requests_waiting_on_an_event_loop():
+    server = LocalRedis().start()
+
+    async def stranded(inbox):
+        waiter = inbox.expect(M, ["stranded"], LoopWaiter(1))
+        server.stop()
+        await inbox.collect_async(waiter, ["stranded"], now_ms() + 20_000)
+
+    try:
+        inbox = Inbox(redis.Redis.from_url(server.url, socket_timeout=5), Keys("funnel"))
+        with pytest.raises(Unavailable):
+            asyncio.run(stranded(inbox))
+    finally:
+        server.stop()
         inbox.close()

@@ -11,6 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 import redis
+from werkzeug.datastructures import Headers
 
 from funnel.scripts.stack import Stack
 from tests.conftest import http
@@ -82,9 +83,9 @@ def json_lines(stack, job_id, offset=0):
     """GET /v1/jobs/<id>/results: (status, parsed lines, headers)."""
     try:
         with urllib.request.urlopen(f"{stack.url}/v1/jobs/{job_id}/results?offset={offset}", timeout=60) as response:
-            return response.status, [json.loads(line) for line in response], dict(response.headers)
+            return response.status, [json.loads(line) for line in response], Headers(response.headers.items())
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read()), dict(err.headers)
+        return err.code, json.loads(err.read()), Headers(err.headers.items())
 
 
 def test_json_lines_results_equal_the_paged_results(stack):

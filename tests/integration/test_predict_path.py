@@ -1,9 +1,10 @@
-"""web/predict.py: the common predict answered without Flask's machinery, the same as Flask answers it.
+"""web/predict.py and web/asgi.py: the common predict answered without Flask's machinery, as Flask answers it.
 
-Two stacks, one with the predict path (the default) and one without
-(FUNNEL_PREDICT_PATH=0), each with a text worker and no image worker, get the
-same requests, good and bad; every answer
-must match in status, body (less the per-run meta), content type and the
+Three stacks, each with a text worker and no image worker: the asgi worker
+class (the default: the predict on the event loop), gthread with the predict
+path, and gthread without it (FUNNEL_PREDICT_PATH=0: Flask answers every
+request). They get the same requests, good and bad, and every answer must
+match Flask's in status, body (less the per-run meta), content type and the
 headers a client acts on. In-process, Flask's request_started signal shows
 which requests the path took and which it left to Flask.
 """
@@ -60,13 +61,17 @@ def requests(cat_jpeg: bytes) -> list[tuple[str, str, bytes, dict]]:
 
 @pytest.fixture(scope="module")
 def stacks(model_store, tmp_path_factory):
+    """(asgi, gthread with the path, Flask alone)."""
     env = {"FUNNEL_API_KEYS": KEY, "FUNNEL_MAX_BODY_MB": "0.5"}
     logs = tmp_path_factory.mktemp("predict-path")
-    # No image worker: a good image gets the 503 (no_worker, Retry-After) both ways.
-    with Stack(model_store=model_store, web_env=env, workers=["text-embedding"], log_dir=logs / "path") as path, \
-            Stack(model_store=model_store, web_env={**env, "FUNNEL_PREDICT_PATH": "0"}, workers=["text-embedding"],
-                  log_dir=logs / "flask") as flask:
-        yield path, flask
+    # No image worker: a good image gets the 503 (no_worker, Retry-After) every way.
+    with Stack(model_store=model_store, web_env=env, workers=["text-embedding"], log_dir=logs / "asgi") as asgi, \
+            Stack(model_store=model_store, web_env={**env, "FUNNEL_WORKER_CLASS": "gthread"},
+                  workers=["text-embedding"], log_dir=logs / "path") as path, \
+            Stack(model_store=model_store, web_env={**env, "FUNNEL_WORKER_CLASS": "gthread",
+                                                    "FUNNEL_PREDICT_PATH": "0"},
+                  workers=["text-embedding"], log_dir=logs / "flask") as flask:
+        yield asgi, path, flask
 
 
 def comparable(value):
@@ -78,11 +83,12 @@ def comparable(value):
     return round(value, 5) if isinstance(value, float) else value
 
 
-def test_every_answer_matches_flasks(stacks, cat_jpeg):
-    path, flask = stacks
+@pytest.mark.parametrize("way", ["asgi", "gthread"])
+def test_every_answer_matches_flasks(stacks, cat_jpeg, way):
+    ours_stack, flask = stacks[0 if way == "asgi" else 1], stacks[2]
     statuses = set()
     for label, route, body, headers in requests(cat_jpeg):
-        ours, theirs = (http("POST", s.url + route, body=body, headers=headers) for s in (path, flask))
+        ours, theirs = (http("POST", s.url + route, body=body, headers=headers) for s in (ours_stack, flask))
         assert ours[0] == theirs[0], label
         assert comparable(ours[1]) == comparable(theirs[1]), label
         assert {h: ours[2].get(h) for h in COMPARED} == {h: theirs[2].get(h) for h in COMPARED}, label
@@ -90,16 +96,36 @@ def test_every_answer_matches_flasks(stacks, cat_jpeg):
     assert statuses == {200, 400, 401, 404, 413, 415, 503}  # the table reaches every kind of answer
 
 
+@pytest.mark.parametrize(("label", "chunks", "status"), [
+    ("a chunked body", [b'{"texts": ["in two', b' chunks", "second"]}'], 200),
+    ("an empty chunked body", [], 400),
+])
+def test_chunked_bodies_match_flasks(stacks, label, chunks, status):
+    """No Content-Length: the body's length is only known at its end (urllib sends an iterable chunked)."""
+    asgi, _, flask = stacks
+    answers = [http("POST", s.url + TEXT, body=iter(chunks), headers=JSON) for s in (asgi, flask)]
+    assert answers[0][0] == answers[1][0] == status, (label, answers[0][1], answers[1][1])
+    assert comparable(answers[0][1]) == comparable(answers[1][1]), label
+
+
+def test_a_chunked_body_past_the_limit_is_a_413(stacks):
+    # Flask under gthread reads such a body cut at the limit, so it answers 400 bad_json instead.
+    status, body, _ = http("POST", stacks[0].url + TEXT, body=iter([b'{"text": "'] + [b"a" * 100_000] * 6 + [b'"}']),
+                           headers=JSON)
+    assert status == 413 and body["error"]["code"] == "request_entity_too_large", body
+
+
 def test_an_async_predict_still_becomes_a_job(stacks):
-    path, _ = stacks
-    status, body, headers = http("POST", path.url + TEXT, body=b'{"text": "later"}',
-                                 headers={**JSON, "Prefer": "respond-async"})
-    assert status == 202 and headers["Preference-Applied"] == "respond-async", body
-    assert body["id"]
+    for stack in stacks[:2]:
+        status, body, headers = http("POST", stack.url + TEXT, body=b'{"text": "later"}',
+                                     headers={**JSON, "Prefer": "respond-async"})
+        assert status == 202 and headers["Preference-Applied"] == "respond-async", body
+        assert body["id"]
 
 
-def test_answers_are_counted_in_the_metrics(stacks):
-    path, _ = stacks
+@pytest.mark.parametrize("way", ["asgi", "gthread"])
+def test_answers_are_counted_in_the_metrics(stacks, way):
+    path = stacks[0 if way == "asgi" else 1]
     _, metrics_before, _ = http("GET", path.url + "/metrics", headers=AUTH)
     before = metric(metrics_before["_text"], "funnel_requests_total", model="text-embedding", status="200")
     for _ in range(3):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -50,3 +51,34 @@ def test_a_script_error_and_a_dead_redis_reach_the_caller(redis_client):
     outbox = Outbox(dead, dead.register_script(SCRIPT))
     with pytest.raises(redis.ConnectionError):
         outbox.push(["q"], ["a"], timeout_s=10)
+
+
+def test_the_pushes_of_one_loop_tick_share_one_round_trip(redis_client):
+    """web/asgi.py's requests push on the event loop: no sender thread, one pipeline per tick."""
+    outbox = Outbox(redis_client, redis_client.register_script(SCRIPT))
+    rounds: list[int] = []
+    run = outbox._run
+    outbox._run = lambda batch: rounds.append(len(batch)) or run(batch)  # type: ignore[method-assign]
+
+    async def pushes():
+        return await asyncio.gather(*(outbox.push_async([f"q{n % 3}"], [f"job-{n}"]) for n in range(60)))
+
+    answers = asyncio.run(pushes())
+    assert [a[1] for a in answers] == [f"job-{n}".encode() for n in range(60)]  # each its own answer
+    assert rounds == [60]
+    for i in range(3):
+        assert sorted(a[0] for n, a in enumerate(answers) if n % 3 == i) == list(range(1, 21))
+
+
+def test_on_the_loop_a_forgotten_script_a_script_error_and_a_dead_redis_reach_the_caller(redis_client):
+    outbox = Outbox(redis_client, redis_client.register_script(SCRIPT))
+    assert asyncio.run(outbox.push_async(["q"], ["a"]))[0] == 1
+    redis_client.script_flush()
+    assert asyncio.run(outbox.push_async(["q"], ["b"])) == [2, b"b"]
+    failing = Outbox(redis_client, redis_client.register_script("return redis.call('INCR', KEYS[1])"))
+    redis_client.set("text", "not a number")
+    with pytest.raises(redis.ResponseError):
+        asyncio.run(failing.push_async(["text"], []))
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    with pytest.raises(redis.ConnectionError):
+        asyncio.run(Outbox(dead, dead.register_script(SCRIPT)).push_async(["q"], ["a"]))

@@ -1,0 +1,28 @@
+"""The floor of the asgi worker class: parse the JSON body, answer a constant embedding, on the event loop.
+
+    gunicorn -k funnel.web.asgi.Worker -w 2 -b 127.0.0.1:PORT benchmarks.peers.bare_asgi:app
+
+benchmarks/web_cpu.py runs it for a `bare...` variant whose settings name
+FUNNEL_WORKER_CLASS=asgi (the default), as bare_app.py for gthread and gevent.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+ANSWER = orjson.dumps({"model": "text-embedding", "embedding": [0.05] * 384})
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+BAD = b'{"error": "text"}'
+
+
+async def app(scope, receive, send):
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    ok = isinstance(orjson.loads(body).get("text"), str)
+    await send({"type": "http.response.start", "status": 200 if ok else 400,
+                "headers": HEADERS if ok else [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": ANSWER if ok else BAD})
