@@ -119,3 +119,24 @@ def test_without_nginx_an_endless_header_is_refused_and_others_answered(bare_sta
         sock.close()
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:100]
     assert timed_request(bare_stack)[0] == 200
+
+
+def test_without_nginx_a_head_stalled_on_a_kept_alive_connection_gets_408(bare_stack):
+    body = b'{"text": "first"}'
+    head = f"POST /v1/models/{TEXT}/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+    with socket.create_connection(("127.0.0.1", bare_stack.port), timeout=30) as sock:
+        sock.sendall(head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        first = sock.recv(65536)
+        while b"\r\n\r\n" not in first or len(first.partition(b"\r\n\r\n")[2]) < content_length(first):
+            first += sock.recv(65536)  # the head and the body may come in two reads
+        assert first.startswith(b"HTTP/1.1 200"), first[:100]
+        sock.sendall(head + b"Content-Ty")  # the second request stops in its headers
+        started = time.monotonic()
+        second = sock.recv(65536)
+    assert second.startswith(b"HTTP/1.1 408") and b"request_timeout" in second, second[:200]
+    assert 9 < time.monotonic() - started < 15
+
+
+def content_length(answer: bytes) -> int:
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    return int(head.partition(b"content-length:")[2].split(b"\r\n")[0])
