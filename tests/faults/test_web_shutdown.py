@@ -1,0 +1,46 @@
+"""SIGTERM to the web tier: the requests it holds are still answered, then it exits (README, failure contract).
+
+With FUNNEL_HOLD_WITHOUT_WORKERS and no worker yet, eight requests wait in the
+web tier with their jobs queued; the web tier gets SIGTERM, and only then a
+worker starts and answers them.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+import redis
+
+from funnel.common.keys import Keys
+from funnel.scripts.stack import Stack
+from tests.conftest import http
+from tests.faults.conftest import wait_for
+
+TEXT = "text-embedding"
+IN_FLIGHT = 8
+
+
+@pytest.mark.parametrize("worker_class", ["asgi", "gthread"])
+def test_sigterm_answers_the_requests_in_flight(model_store, tmp_path, worker_class):
+    env = {"FUNNEL_HOLD_WITHOUT_WORKERS": "1", "FUNNEL_WORKER_CLASS": worker_class}
+    with Stack(model_store=model_store, models=[TEXT], workers=[], web_env=env, log_dir=tmp_path) as stack:
+        queue = redis.Redis.from_url(stack.redis_url)
+        answers: dict[int, tuple] = {}
+
+        def ask(i: int) -> None:
+            answers[i] = http("POST", f"{stack.url}/v1/models/{TEXT}/predict", json_body={"text": f"held {i}"},
+                              timeout=60)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(IN_FLIGHT)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: queue.llen(Keys().queue(TEXT)) == IN_FLIGHT, what="the requests' jobs queued")
+        stack.web.send_signal(signal.SIGTERM)
+        stack.start_worker(TEXT)
+        for thread in threads:
+            thread.join(60)
+        assert sorted(answers) == list(range(IN_FLIGHT))
+        assert all(status == 200 and len(body["embedding"]) == 384 for status, body, _ in answers.values()), answers
+        assert stack.web.wait(timeout=30) == 0
