@@ -156,7 +156,9 @@ def connect(url: str, *, socket_timeout: float | None, max_connections: int | No
     options: dict[str, Any] = dict(
         socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=socket_timeout,
         health_check_interval=30, max_connections=max_connections or 256, timeout=CONNECT_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 1), retry_on_error=[redis.ConnectionError])
+        # The retry is for a connection that died (a restart, a failover), not for a Redis that
+        # answers nothing: retrying a timeout only doubles the wait (and its reconnect's handshake waits too).
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)), retry_on_error=[redis.ConnectionError])
     if is_sentinel(url):
         return _primary_of(parse_sentinel_url(url), options)
     if is_cluster(url):

@@ -30,6 +30,12 @@ from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
 
+# With the reply inbox no command of the web tier blocks in Redis for long (the listener's BRPOP, 1 s):
+# a Redis that stops answering without closing its connections (paused, its host gone) costs a
+# request this long at most, then 503, and stalls an asgi process's event loop no longer.
+# Without the inbox each request's own BLPOP waits up to its deadline.
+HUNG_REDIS_S = 3.0
+
 
 def load_models(settings: WebSettings) -> dict[str, Task]:
     """Each served model's task, with the limits FUNNEL_LIMITS overrides."""
@@ -60,7 +66,8 @@ def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
 def create_app(settings: WebSettings | None = None, client: redis.Redis | None = None) -> Flask:
     settings = settings or WebSettings.load([])
     models = load_models(settings)
-    client = client or connect(settings.redis_url, socket_timeout=settings.request_timeout_s + 5)
+    client = client or connect(settings.redis_url, socket_timeout=HUNG_REDIS_S if settings.reply_inbox
+                               else settings.request_timeout_s + 5)
     keys = Keys(settings.prefix, cluster=on_cluster(client))
     inbox = Inbox(client, keys, on_unclaimed=web_metrics.UNCLAIMED.inc) if settings.reply_inbox else None
     # redis-py's cluster pipeline refuses EVALSHA: on a cluster each request runs its push script itself.
