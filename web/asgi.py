@@ -125,11 +125,9 @@ class Front:
 
     def __init__(self, app: Flask, settings: WebSettings):
         self.flask = WSGIMiddleware(_input_terminated(app), workers=settings.threads)
-        path = app.wsgi_app
-        gateway = getattr(path, "gateway", None)
+        path = app.wsgi_app if isinstance(app.wsgi_app, PredictPath) else None
         # The loop's predict needs the inbox and the outbox (neither on a cluster, nor when turned off).
-        self.path = (path if isinstance(path, PredictPath) and gateway is not None
-                     and gateway.inbox is not None and gateway.outbox is not None else None)
+        self.path = path if path and path.gateway.inbox and path.gateway.outbox else None
 
     async def __call__(self, scope: Any, receive, send) -> None:
         if scope["type"] != "http" or self.path is None or scope["method"] != "POST":
@@ -172,11 +170,12 @@ async def _body(receive, declared: int | None, limit: int) -> bytes | None:
     while True:
         if message["type"] == "http.disconnect":
             return None
-        size += len(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
         if not over:
             if size > limit:  # chunked, with no length declared
                 raise RequestEntityTooLarge()
-            chunks.append(message.get("body", b""))
+            chunks.append(chunk)
         if not message.get("more_body") or size > DRAIN_LIMIT:
             return b"".join(chunks)
         try:
