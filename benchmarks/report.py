@@ -101,7 +101,9 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         f"with default settings ({web or 2} web processes, the asgi worker class: an event loop each, "
         "one worker for this model, "
         "batch size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes "
-        "and the ceiling use the library's default intra-op threads.")
+        "and the ceiling use the library's default intra-op threads. Funnel (a worker per core): the same "
+        "stack with one worker per core (`funnel up --workers-per-model <cores>`), each with one core's "
+        "share of intra-op threads and no spin-waiting.")
     return [f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "", machine, "", device, "",
             f"Command: `{command}`", "", *quick, method, "", columns, "", settings, ""]
 
@@ -120,6 +122,15 @@ def fmt(value: float, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
+def per_core_lines(points: dict, ceiling: dict) -> list[str]:
+    """Funnel with a worker per core against the ceiling of its own layout: a process per core."""
+    cores = ceiling.get("batch32_cores")
+    if not cores or math.isnan(cores):
+        return []
+    return [f"{LABELS['funnel-cores']} at {c} clients: {point['rps'] / cores:.2f} of the per-core ceiling "
+            f"({cores:.0f} items/s, the column above)." for c, point in sorted(points.items()) if isinstance(c, int)]
+
+
 def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, concurrency,
                  plots: dict[str, str]) -> str:
     lines = [f"## {suite_title(suite, backend)}", ""]
@@ -128,12 +139,12 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
         lines += [("In-process ceiling, no HTTP (items/s; predict = collate + run + postprocess on an "
                    "input preprocessed once; the last column preprocesses every item again):"), "",
                   ("| model implementation | batch 1 | batch 32 [min–max] | batch 32 incl. preprocessing | "
-                   "other load (cores) |"),
-                  "|---|---|---|---|---|"]
+                   "batch 32, a single-threaded process per core | other load (cores) |"),
+                  "|---|---|---|---|---|---|"]
         for impl, v in ceilings.items():
             lines.append(f"| {impl}: {v['description']} | {fmt(v['batch1'])} | {fmt(v['batch32'])} "
                          f"[{fmt(v['range32'][0])}–{fmt(v['range32'][1])}] | {fmt(v['batch32_pre'])} | "
-                         f"{fmt(v['other_cores'], 2)} |")
+                         f"{fmt(v.get('batch32_cores'))} | {fmt(v['other_cores'], 2)} |")
         lines.append("")
 
     def ceiling_of(impl):
@@ -166,6 +177,7 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
                 f"{fmt(point['rps'] / best_peer if best_peer else None, 2)} | {fmt(web, 1)} | {model_cpu} | "
                 f"{fmt(cpu.get('redis'), 2)} | {fmt(point['mean_batch'], 1)} | {point['other_cores']:.2f} |")
     lines.append("")
+    lines += per_core_lines(summary.get(f"funnel-cores:{backend}", {}), ceilings.get(backend, {}))
     funnel = summary.get(f"funnel:{'onnx' if suite == 'default' else backend}", {})
     sizes = funnel.get("batch_sample_c32")
     if sizes:

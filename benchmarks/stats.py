@@ -22,6 +22,7 @@ def summarize(rounds: list[dict], suite_key: str, pairs, concurrency) -> dict:
             out[name]["range32"] = (min(r["batch32"] for r in runs), max(r["batch32"] for r in runs))
             out[name]["description"] = runs[0]["description"]
             out[name]["other_cores"] = med([r.get("other_cores", float("nan")) for r in runs])
+            out[name]["batch32_cores"] = med([r.get("batch32_cores", float("nan")) for r in runs])  # CPU only
             continue
         out[name] = {}
         for c in concurrency:

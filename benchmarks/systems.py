@@ -6,6 +6,7 @@ run as `python -m benchmarks.peers.<name>` (or gunicorn apps) from the repositor
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from benchmarks.payloads import Payload, check_answer, post
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.scripts.stack import Stack
 
-SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "funnel")
+SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "funnel", "funnel-cores")
 PEERS = ("flask", "streamer", "litserve")
 LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "ceiling": "in-process ceiling (no HTTP)",
@@ -27,6 +28,7 @@ LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "streamer": "service-streamer RedisStreamer",
     "litserve": "LitServe, batching",
     "funnel": "Funnel (defaults)",
+    "funnel-cores": "Funnel (a worker per core)",
 }
 READY_TIMEOUT_S = 240.0
 
@@ -35,7 +37,7 @@ def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
     """(system, implementation) pairs of a suite; the ceiling once per implementation."""
     if suite == "same":
         return [("ceiling", backend), ("flask", backend), ("streamer", backend),
-                ("litserve", backend), ("funnel", backend)]
+                ("litserve", backend), ("funnel", backend), ("funnel-cores", backend)]
     return [("ceiling", "eager"), ("ceiling", "onnx"), ("flask", "eager"), ("streamer", "eager"),
             ("litserve", "eager"), ("funnel", "onnx")]
 
@@ -165,12 +167,14 @@ def start_litserve(model: str, impl: str, args, workdir: Path) -> Running:
     return running
 
 
-def start_funnel(model: str, backend: str, args, workdir: Path) -> Running:
-    # What `make up` starts (funnel.scripts.stack), default settings, serving the benchmarked model only.
+def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_model: int = 1) -> Running:
+    # What `make up` starts (funnel.scripts.stack), default settings, serving the benchmarked model only;
+    # funnel-cores: `funnel up --workers-per-model <cores>`.
     web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
     web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
-    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / "funnel", web_env=web_env,
-                  worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device})
+    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model}",
+                  web_env=web_env, worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device},
+                  workers_per_model=workers_per_model)
     stack.start(timeout_s=READY_TIMEOUT_S)
     return Running(f"{stack.url}/v1/models/{model}/predict",
                    {"web": [stack.web.pid], "model": [w.pid for w in stack.workers],
@@ -179,7 +183,8 @@ def start_funnel(model: str, backend: str, args, workdir: Path) -> Running:
 
 
 STARTERS = {"flask": start_flask, "streamer": start_streamer, "litserve": start_litserve,
-            "funnel": start_funnel}
+            "funnel": start_funnel,
+            "funnel-cores": functools.partial(start_funnel, workers_per_model=os.cpu_count() or 1)}
 
 
 def wait_ready(running: Running, model: str, data: Payload) -> None:

@@ -4,7 +4,9 @@
         [--clients 32,128,512] [--variant NAME=FUNNEL_X=1,FUNNEL_Y=2 ...]
 
 Each variant is a stack (private Redis, the web tier, one text-embedding
-worker) started with its own FUNNEL_* web settings, or, named `bare...`, the
+worker) started with its own FUNNEL_* settings (both tiers get them: each takes
+what it declares, so a variant can change the worker too; WORKERS=N starts N
+workers for the model instead of one), or, named `bare...`, the
 floor: an app that parses the JSON and answers a constant under the same
 gunicorn settings (benchmarks/peers/bare_app.py, Flask, for gthread and gevent;
 benchmarks/peers/bare_asgi.py for asgi); every round starts each
@@ -81,7 +83,11 @@ def wait_for_answer(url: str, timeout_s: float = 60) -> None:
 def start(name: str, env: dict[str, str]):
     if name.startswith("bare"):
         return bare(env)
-    return Stack(models=[MODEL], web_env=env, log_dir=ROOT / "benchmarks" / "results" / "tmp")
+    # Each process takes the settings it declares and ignores the rest: one variant can set both tiers.
+    env = dict(env)
+    workers = int(env.pop("WORKERS", 1))
+    return Stack(models=[MODEL], web_env=env, worker_env=env, workers=[MODEL] * workers,
+                 log_dir=ROOT / "benchmarks" / "results" / "tmp")
 
 
 def measure(name: str, env: dict[str, str], clients: list[int], duration_s: int) -> list[dict]:
@@ -111,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=int, default=10, help="seconds of each wrk run")
     parser.add_argument("--clients", default="32", help="comma-separated numbers of concurrent clients")
     parser.add_argument("--variant", action="append", default=[],
-                        help="NAME=FUNNEL_SETTING=value,... (the web tier's environment); repeatable")
+                        help="NAME=FUNNEL_SETTING=value,... (the stack's environment, web tier and worker; "
+                             "WORKERS=N: N workers); repeatable")
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")

@@ -41,7 +41,7 @@ class Stack(processes.Service):
                  model_store: str | Path = "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
-                 workers: list[str] | None = None, front_door: bool = False):
+                 workers: list[str] | None = None, front_door: bool = False, workers_per_model: int = 1):
         self.port = port or free_port()
         # With a front door, nginx listens on `port` and the web tier on a private one behind it.
         self.web_port = free_port() if front_door else self.port
@@ -49,8 +49,15 @@ class Stack(processes.Service):
         self.wants_front_door = front_door
         self.model_store = str(Path(model_store).resolve())
         self.models = models or list_models(self.model_store)
-        self.worker_models = self.models if workers is None else workers  # one worker each
+        # One worker per model unless told: workers_per_model N, or the models each worker is for.
+        self.worker_models = [m for m in self.models for _ in range(workers_per_model)] if workers is None else workers
         self.worker_env = worker_env or {}
+        if workers_per_model > 1:
+            # Workers sharing a host's cores: each takes its share of them, and none spin-waits on
+            # cores the others (and the web tier) need. Single-threaded sessions side by side did
+            # more per core than one session on all of them (benchmarks/README.md).
+            self.worker_env = {"FUNNEL_INTRA_OP_THREADS": str(max(1, (os.cpu_count() or 1) // workers_per_model)),
+                               "FUNNEL_SPINNING": "0", **self.worker_env}
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)
         self.redis_url = redis_url or self.redis.url
@@ -152,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="port of the private redis-server (ignored with FUNNEL_REDIS_URL)")
     parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
     parser.add_argument("--backend", default=os.environ.get("FUNNEL_BACKEND", "onnx"))
+    parser.add_argument("--workers-per-model", type=int, default=int(os.environ.get("FUNNEL_WORKERS_PER_MODEL", 1)),
+                        help="worker processes per model; on a CPU-only host serving one model, one per core "
+                             "(each with its share of the cores' threads) served text best")
     parser.add_argument("--log-dir", default=None, help="write each process's log here instead of the terminal")
     parser.add_argument("--front-door", action=argparse.BooleanOptionalAction, default=nginx_binary() is not None,
                         help="nginx in front of the web tier, so slow clients cannot hold its threads "
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
               "send slowly can hold the web tier's threads", file=sys.stderr)
     stack = Stack(port=args.port, redis_port=args.redis_port, model_store=args.model_store,
                   redis_url=os.environ.get("FUNNEL_REDIS_URL"),
-                  worker_env={"FUNNEL_BACKEND": args.backend},
+                  worker_env={"FUNNEL_BACKEND": args.backend}, workers_per_model=args.workers_per_model,
                   log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door)
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

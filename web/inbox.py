@@ -3,7 +3,7 @@
 Blocking per request costs each request a BLPOP round trip and a pooled
 connection held while it waits. Instead, every job of this process names the
 same reply list; a listener thread pops whatever replies are there in one
-round trip (BRPOP, then RPOP COUNT for the rest, pipelined) and hands each to
+round trip (BRPOP, then RPOP COUNT for the rest, pipelined: web/line.py) and hands each to
 the request that waits for its job id.
 
 The inbox is one list per model, `funnel:reply:{<model>}:web-<hex>`, each read
@@ -29,6 +29,7 @@ import redis
 from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, WireError, decode_reply, now_ms
+from funnel.web.line import Line
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class LoopWaiter:
 class Inbox:
     def __init__(self, client: redis.Redis, keys: Keys, on_unclaimed: Callable[[], None] = lambda: None):
         self.client, self.keys, self.on_unclaimed = client, keys, on_unclaimed
+        self._line = None if keys.cluster else Line(client)  # each listener thread holds a connection
         self._waiting: dict[str, tuple[str, SimpleQueue | LoopWaiter]] = {}  # job id -> (model, its request's queue)
         self._inboxes: dict[str, str] = {}  # model -> this process's reply list for it
         self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own threads
@@ -133,18 +135,29 @@ class Inbox:
     def _listen(self, model: str, key: str) -> None:
         while not self._closed.is_set():
             try:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.brpop([key], timeout=IDLE_BLOCK_S)
-                pipe.rpop(key, POP_COUNT)
-                first, rest = pipe.execute()
+                payloads = self._pop(key)
             except Exception as exc:  # never let the thread die: every request of the process waits on it
                 if not isinstance(exc, redis.RedisError):
                     log.exception("reply inbox %s: unexpected error, listening again", key)
                 self._fail_waiting(model, Unavailable(f"queue unavailable: {type(exc).__name__}"))
                 self._closed.wait(RETRY_S)
                 continue
-            if first:
-                self._route(key, [first[1], *(rest or [])])
+            if payloads:
+                self._route(key, payloads)
+
+    def _pop(self, key: str) -> list[bytes]:
+        """Replies in `key`: BRPOP for the first, RPOP COUNT for the rest, in one round trip."""
+        if self._line is None:  # Redis Cluster: its pipeline finds the key's node
+            pipe = self.client.pipeline(transaction=False)
+            pipe.brpop([key], timeout=IDLE_BLOCK_S)
+            pipe.rpop(key, POP_COUNT)
+            first, rest = pipe.execute()
+        else:
+            first, rest = self._line.exchange([("BRPOP", key, IDLE_BLOCK_S), ("RPOP", key, POP_COUNT)])
+            for answer in (first, rest):
+                if isinstance(answer, Exception):
+                    raise answer
+        return [first[1], *(rest or [])] if first else []
 
     def close(self) -> None:
         """Stop listening (tests; a web process just exits)."""

@@ -21,6 +21,8 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from funnel.web.line import Line
+
 log = logging.getLogger(__name__)
 
 MAX_PIPELINE = 256  # pushes sent in one round trip at most
@@ -38,6 +40,7 @@ class _Push:
 class Outbox:
     def __init__(self, client: redis.Redis, script: Script):
         self.client, self.script = client, script
+        self.line = Line(client)  # the sender thread's connection, and the event loop's
         self._pending: SimpleQueue[_Push] = SimpleQueue()
         self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own sender
         self._start_lock = threading.Lock()
@@ -112,29 +115,10 @@ class Outbox:
     def _run(self, batch: list[_Push]) -> list[Any]:
         """One round trip: every push's EVALSHA written at once, their answers read in order.
 
-        What redis-py's non-transactional Pipeline does (the same connection, retry and
-        per-command errors) without its per-call machinery, which cost twice the round
-        trip's own CPU. EVALSHA itself, not Script.__call__, which asks SCRIPT EXISTS first.
+        EVALSHA itself, not Script.__call__, which asks SCRIPT EXISTS first.
         """
-        commands = [("EVALSHA", self.script.sha, len(push.keys), *push.keys, *push.args) for push in batch]
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            return connection.retry.call_with_retry(lambda: _exchange(connection, commands),
-                                                    lambda _error: connection.disconnect())
-        finally:
-            pool.release(connection)
-
-
-def _exchange(connection, commands: list[tuple]) -> list[Any]:
-    connection.send_packed_command(connection.pack_commands(commands))
-    answers: list[Any] = []
-    for _ in commands:
-        try:
-            answers.append(connection.read_response())
-        except redis.ResponseError as error:  # this push's own error (NOSCRIPT among them); read on
-            answers.append(error)
-    return answers
+        return self.line.exchange([("EVALSHA", self.script.sha, len(push.keys), *push.keys, *push.args)
+                                   for push in batch])
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
 import tempfile
+from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
@@ -57,11 +59,14 @@ class WebServer(BaseApplication):
         # Runs in each gunicorn worker after the fork: its own Redis pool.
         from funnel.web.app import create_app
 
-        app = create_app(self.settings)
+        app: Any = create_app(self.settings)
         if self.settings.worker_class == "asgi":
             from funnel.web.asgi import Front
 
-            return Front(app, self.settings)
+            app = Front(app, self.settings)
+        # What is loaded by now (Flask, the tokenizers, numpy) lives as long as the process: frozen,
+        # the collector's full passes walk only what requests allocate, not those objects too.
+        gc.freeze()
         return app
 
 

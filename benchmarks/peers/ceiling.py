@@ -5,7 +5,9 @@
 Prints one JSON line: items/s at batch 1 and 32 (predict = collate + run +
 postprocess, on inputs preprocessed once), and at batch 32 with every item
 preprocessed again from its raw bytes (JPEG decode + resize, or tokenization):
-everything a server must do except HTTP.
+everything a server must do except HTTP. On a CPU, also batch 32 in one
+single-threaded process per core side by side (`per_core`): the layout of
+Funnel's `a worker per core`, whose own ceiling that is.
 
 BENCH_DEVICE=cuda:N runs the model on that GPU. Every step is synchronous, so the
 timings count the GPU's work: predict() returns host data (worker.backend's
@@ -16,6 +18,8 @@ device-to-host copy; the eager models call .tolist()).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +37,15 @@ def rate(step, items: int, seconds: float) -> float:
     return done / (time.perf_counter() - started)
 
 
+def per_core(seconds: float, raw_file: str) -> float:
+    """Items/s at batch 32 of one single-threaded copy of this script per core, run side by side."""
+    env = {**os.environ, "BENCH_THREADS": "1", "BENCH_CEILING_ONLY": "batch32"}
+    copies = [subprocess.Popen([sys.executable, "-m", "benchmarks.peers.ceiling", str(seconds), raw_file],
+                               env=env, stdout=subprocess.PIPE, text=True) for _ in range(os.cpu_count() or 1)]
+    rates = [json.loads(copy.communicate()[0].split("CEILING ", 1)[1])["batch32"] for copy in copies]
+    return sum(rates)
+
+
 def main() -> int:
     seconds = float(sys.argv[1])
     raw = Path(sys.argv[2]).read_bytes()
@@ -41,12 +54,18 @@ def main() -> int:
         raw = json.loads(raw)["text"]
     model = load_model()
     item = model.preprocess(raw)
+    if os.environ.get("BENCH_CEILING_ONLY") == "batch32":  # one copy of per_core's
+        print("CEILING " + json.dumps({"batch32": rate(lambda: model.predict([item] * 32), 32, seconds)}))
+        return 0
     result = {
         "batch1": rate(lambda: model.predict([item]), 1, seconds),
         "batch32": rate(lambda: model.predict([item] * 32), 32, seconds),
         "batch32_pre": rate(lambda: model.predict([model.preprocess(raw) for _ in range(32)]), 32, seconds),
         "description": model.description,
     }
+    if config["device"] == "cpu" and not config["threads"]:
+        del model  # its threads idle, but its memory is not needed beside the copies
+        result["batch32_cores"] = per_core(seconds, sys.argv[2])
     print("CEILING " + json.dumps(result), flush=True)
     return 0
 

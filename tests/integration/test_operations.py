@@ -1,6 +1,7 @@
 """What an operator sees: the worker registry, health, Prometheus metrics, inspect and redis-cli."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -141,3 +142,18 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
     assert expected <= set(cli("--scan", "--pattern", "funnel:*").split())
     cursor_and_keys = cli("SCAN", "0", "MATCH", "funnel:*", "COUNT", "1000").split()
     assert cursor_and_keys[0] == "0" and expected <= set(cursor_and_keys[1:])
+
+
+def test_workers_per_model_share_the_cores(model_store, tmp_path):
+    """`funnel up --workers-per-model 2`: two live workers for the model, each with its share of
+    the cores' threads and no spin-waiting, and both of them answer requests."""
+    with Stack(model_store=model_store, models=[TEXT], log_dir=tmp_path, workers_per_model=2) as stack:
+        assert len(stack.workers) == 2 and len(served(stack)[TEXT]["workers"]) == 2
+        for worker in stack.workers:
+            environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+            assert b"FUNNEL_SPINNING=0" in environ and b"FUNNEL_INTRA_OP_THREADS=%d" % max(
+                1, (os.cpu_count() or 1) // 2) in environ
+        answered_by = set()
+        wait_for(lambda: answered_by.add(http("POST", f"{stack.url}/v1/models/{TEXT}/predict",
+                                                   json_body={"text": "which worker?"})[1]["meta"]["worker"])
+                 or len(answered_by) == 2, timeout_s=30)
