@@ -24,6 +24,8 @@ def write_report(model: str, args, info: dict, command: str, stamp: dt.datetime,
     written = []
     raw = {"model": model, "command": command, "machine": info, "date": stamp.isoformat(), "rounds": rounds,
            "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))}}
+    json_path = RESULTS / f"{base}.json"  # first: the measurements outlive a failure to render them
+    json_path.write_text(json.dumps(raw, indent=1, default=str))
     for suite in args.suites:
         pairs = [p for p in systems_of(suite, args.backend) if p[0] in args.system_list]
         summary = summarize(rounds, suite, pairs, args.concurrency_list)
@@ -37,8 +39,6 @@ def write_report(model: str, args, info: dict, command: str, stamp: dt.datetime,
         written += [RESULTS / f for f in plots.values()]
     md_path = RESULTS / f"{base}.md"
     md_path.write_text("\n".join(parts))
-    json_path = RESULTS / f"{base}.json"
-    json_path.write_text(json.dumps(raw, indent=1, default=str))
     print("\n".join(parts))
     return [md_path, json_path, *written]
 
@@ -128,7 +128,7 @@ def per_core_lines(points: dict, ceiling: dict) -> list[str]:
     if not cores or math.isnan(cores):
         return []
     return [f"{LABELS['funnel-cores']} at {c} clients: {point['rps'] / cores:.2f} of the per-core ceiling "
-            f"({cores:.0f} items/s, the column above)." for c, point in sorted(points.items()) if isinstance(c, int)]
+            f"({cores:.0f} items/s, the column above)." for c, point in points.items() if isinstance(c, int)]
 
 
 def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, concurrency,
