@@ -41,7 +41,7 @@ class WebServer(BaseApplication):
     def load_config(self) -> None:
         s = self.settings
         self.cfg.set("bind", f"{s.host}:{s.port}")
-        self.cfg.set("workers", s.processes)
+        self.cfg.set("workers", s.process_count())
         # Each waiting request holds a thread (gthread), a greenlet (gevent) or a future (asgi).
         self.cfg.set("worker_class", "funnel.web.asgi.Worker" if s.worker_class == "asgi" else s.worker_class)
         self.cfg.set("threads", s.threads)

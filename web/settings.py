@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from funnel.common import settings
@@ -34,7 +35,9 @@ class WebSettings(SharedSettings):
                            "round trip, from one sender per process (off: one round trip per request)")
     predict_path: bool = setting(True, "answer the common predict (no async preference, no webhook) straight "
                                  "from WSGI, without Flask's request context, routing and hooks (web/predict.py)")
-    processes: int = setting(2, "gunicorn worker processes")
+    processes: int = setting(0, "gunicorn worker processes (0: one per two cores, at least one; one event "
+                             "loop answers thousands of predicts a second, and a CPU-only host's worker needs "
+                             "the other cores)")
     worker_class: str = setting("asgi", "gunicorn worker class: gthread (a thread per waiting request), "
                                 "gevent (a greenlet per request) or asgi (uvicorn's worker: the common "
                                 "predict on an event loop, the rest through Flask in threads; web/asgi.py)",
@@ -49,6 +52,14 @@ class WebSettings(SharedSettings):
     access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")
     max_job_images: int = setting(256, "most images in one bulk job (each holds 150 KB of pixels in the web "
                                   "process while it is queued, and in Redis until it is run)")
+
+    def process_count(self) -> int:
+        """FUNNEL_PROCESSES, or one per two of the cores this process may run on.
+
+        Fewer, busier loops are cheaper per request: a process's Redis round trips and
+        wake-ups are shared by the requests waiting on it (benchmarks/README.md, stop 15).
+        """
+        return self.processes or max(1, len(os.sched_getaffinity(0)) // 2)
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WebSettings:

@@ -56,3 +56,11 @@ def test_worker_needs_a_model(monkeypatch):
     monkeypatch.delenv("FUNNEL_MODEL", raising=False)
     with pytest.raises(SystemExit, match="--model"):
         WorkerSettings.load([])
+
+
+def test_web_processes_default_to_one_per_two_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert WebSettings.load([]).process_count() == 8
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert WebSettings.load([]).process_count() == 1  # never none
+    assert WebSettings.load(["--processes", "3"]).process_count() == 3
