@@ -59,7 +59,9 @@ def web_pids(stack: Stack) -> set[int]:
 
 @pytest.fixture(scope="module")
 def stack(model_store, tmp_path_factory):
-    with Stack(model_store=model_store, models=[IMAGE], log_dir=tmp_path_factory.mktemp("hostile")) as running:
+    # Two web processes whatever the cores (the default is one per two): both must live on.
+    with Stack(model_store=model_store, models=[IMAGE], log_dir=tmp_path_factory.mktemp("hostile"),
+               web_env={"FUNNEL_PROCESSES": "2"}) as running:
         yield running
 
 
