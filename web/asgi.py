@@ -195,24 +195,27 @@ class Front:
 async def _body(receive, declared: int | None, limit: int) -> bytes | None:
     """The whole body, or None if the client disconnected; 413 past the limit, 408 if it stalls.
 
-    A body declared over the limit is read and dropped (up to DRAIN_LIMIT), so that the
-    client, still sending, reads its 413 rather than a reset connection; werkzeug then
-    refuses the empty stand-in for it, as under gthread, so both answer the same.
+    A body over the limit is read and dropped (up to DRAIN_LIMIT), so that the client,
+    still sending, reads its 413 rather than a reset connection. One declared over the
+    limit comes back empty and werkzeug refuses it, as under gthread; a chunked one
+    (no length declared) is refused here once drained.
     """
     chunks: list[bytes] = []
     size = 0
-    over = declared is not None and declared > limit
+    declared_over = declared is not None and declared > limit
+    over = declared_over
     message = await receive()  # mostly the whole body, read with the head
     while True:
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
         size += len(chunk)
+        over = over or size > limit
         if not over:
-            if size > limit:  # chunked, with no length declared
-                raise RequestEntityTooLarge()
             chunks.append(chunk)
         if not message.get("more_body") or size > DRAIN_LIMIT:
+            if over and not declared_over:
+                raise RequestEntityTooLarge()
             return b"".join(chunks)
         try:
             async with asyncio.timeout(BODY_IDLE_S):
