@@ -35,7 +35,7 @@ class WebSettings(SharedSettings):
                            "round trip, from one sender per process (off: one round trip per request)")
     predict_path: bool = setting(True, "answer the common predict (no async preference, no webhook) straight "
                                  "from WSGI, without Flask's request context, routing and hooks (web/predict.py)")
-    processes: int = setting(0, "gunicorn worker processes (0: one per two cores, at least one; one event "
+    processes: int = setting(0, "gunicorn worker processes (0: one per two cores, at least two; one event "
                              "loop answers thousands of predicts a second, and a CPU-only host's worker needs "
                              "the other cores)")
     worker_class: str = setting("asgi", "gunicorn worker class: gthread (a thread per waiting request), "
@@ -54,12 +54,15 @@ class WebSettings(SharedSettings):
                                   "process while it is queued, and in Redis until it is run)")
 
     def process_count(self) -> int:
-        """FUNNEL_PROCESSES, or one per two of the cores this process may run on.
+        """FUNNEL_PROCESSES, or one per two of the cores this process may run on, at least two.
 
         Fewer, busier loops are cheaper per request: a process's Redis round trips and
         wake-ups are shared by the requests waiting on it (benchmarks/README.md, stop 15).
+        But one alone turns a finished batch's answers and the requests they bring back
+        around one by one while the worker waits for them, and a process that dies leaves
+        nobody answering until gunicorn has started another (stop 16).
         """
-        return self.processes or max(1, len(os.sched_getaffinity(0)) // 2)
+        return self.processes or max(2, len(os.sched_getaffinity(0)) // 2)
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WebSettings:

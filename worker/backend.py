@@ -59,10 +59,11 @@ class OnnxBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
-        if not spinning:
-            # Idle intra-op threads spin-wait by default: on a CPU shared with the
-            # web tier and Redis, that burns the cores they need.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Idle intra-op threads spin-wait for the next step of a run (off: they sleep, and each
+        # step wakes them), and never past its end: between batches the worker replies and
+        # takes, and threads spinning then burn the cores the web tier and Redis need.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         gpu = _cuda_index(device)
         providers: list = ["CPUExecutionProvider"]
         if gpu is not None:

@@ -37,8 +37,8 @@ class WorkerSettings(SharedSettings):
     heartbeat_ttl_s: float = setting(10.0, "a worker silent this long is dead and its jobs recovered")
     max_attempts: int = setting(3, "runs of a job (its workers dying) before it is dead-lettered")
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
-    spinning: bool = setting(True, "let ONNX Runtime's idle threads spin-wait (faster alone, "
-                             "worse on cores shared with the web tier)")
+    spinning: bool = setting(True, "let ONNX Runtime's threads spin-wait between the steps of a run "
+                             "(never between runs; off: they sleep, slower unless replicas share the cores)")
     tcmalloc: bool = setting(True, "preload tcmalloc for the torch backend on CPU, when installed")
     log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
     webhook_attempts: int = setting(8, "attempts to deliver a job's webhook before it is marked failed")

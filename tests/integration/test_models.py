@@ -57,6 +57,15 @@ def test_padding_does_not_change_an_embedding(text_batch):
         np.testing.assert_allclose(batched[row], alone[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("spinning", [True, False])
+def test_onnx_threads_never_spin_between_runs(text_batch, spinning):
+    """Between batches the worker replies and takes: threads spinning then burn the web tier's cores."""
+    spec, feeds = text_batch
+    options = backends.load(spec, "onnx", "cpu", spinning=spinning).session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+
+
 def test_fused_transformer_graph(text_batch):
     spec, _ = text_batch
     assert spec.config["onnx_fusions"]["Attention"] == 6  # one per layer

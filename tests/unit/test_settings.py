@@ -61,6 +61,8 @@ def test_worker_needs_a_model(monkeypatch):
 def test_web_processes_default_to_one_per_two_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
     assert WebSettings.load([]).process_count() == 8
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert WebSettings.load([]).process_count() == 2  # never fewer: one alone serializes the turnaround
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
-    assert WebSettings.load([]).process_count() == 1  # never none
+    assert WebSettings.load([]).process_count() == 2
     assert WebSettings.load(["--processes", "3"]).process_count() == 3
