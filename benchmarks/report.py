@@ -98,7 +98,7 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         f"max_batch_size 32, batch_timeout 0.02 s, one inference worker (accelerator {accelerator}), "
         + (f"num_api_servers={web}" if web else "one API server (its default)")
         + ", preprocessing in decode_request (inference worker). Funnel: funnel.scripts.stack.Stack "
-        f"with default settings ({f'{web} web processes' if web else 'a web process per two cores'}, "
+        f"with default settings ({f'{web} web processes' if web else 'a web process per two cores, at least two'}, "
         "the asgi worker class: an event loop each, "
         "one worker for this model, "
         "batch size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes "
