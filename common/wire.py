@@ -34,14 +34,20 @@ def now_ms() -> int:
 
 # -- tensors ---------------------------------------------------------------
 
+# The wire's dtypes in native byte order, by dtype: numpy computes dtype.name in Python, which
+# cost a third of packing a text request's token ids.
+_NATIVE = {np.dtype(name): name for name in DTYPES}
+
+
 def pack_tensor(array: np.ndarray) -> dict:
     array = np.asarray(array)
-    if array.dtype.name not in DTYPES:
-        raise WireError(f"dtype {array.dtype.name} cannot go on the wire")
-    if not array.dtype.isnative:
+    name = _NATIVE.get(array.dtype)
+    if name is None:  # not a wire dtype, or one in the other byte order
+        name = array.dtype.name
+        if name not in DTYPES:
+            raise WireError(f"dtype {name} cannot go on the wire")
         array = array.astype(array.dtype.newbyteorder("="))
-    return {"dtype": array.dtype.name, "shape": list(array.shape),
-            "data": np.ascontiguousarray(array).tobytes()}
+    return {"dtype": name, "shape": list(array.shape), "data": np.ascontiguousarray(array).tobytes()}
 
 
 def unpack_tensor(obj: Any) -> np.ndarray:

@@ -179,7 +179,8 @@ class Front:
             body = await _body(receive, request.content_length, self.path.max_body)
             if body is None:
                 return  # the client left before sending its body: nobody to answer
-            environ["wsgi.input"] = io.BytesIO(body)
+            environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
+            request.body = body
             result = await answer_async(self.path.models[name], name, request, self.path.gateway,
                                         self.path.settings)
         except Exception as exc:
@@ -195,15 +196,13 @@ class Front:
 async def _body(receive, declared: int | None, limit: int) -> bytes | None:
     """The whole body, or None if the client disconnected; 413 past the limit, 408 if it stalls.
 
-    A body over the limit is read and dropped (up to DRAIN_LIMIT), so that the client,
-    still sending, reads its 413 rather than a reset connection. One declared over the
-    limit comes back empty and werkzeug refuses it, as under gthread; a chunked one
-    (no length declared) is refused here once drained.
+    A body over the limit, declared so or found so (chunked), is read and dropped (up
+    to DRAIN_LIMIT) before its 413, so that the client, still sending, reads the 413
+    rather than a reset connection.
     """
     chunks: list[bytes] = []
     size = 0
-    declared_over = declared is not None and declared > limit
-    over = declared_over
+    over = declared is not None and declared > limit
     message = await receive()  # mostly the whole body, read with the head
     while True:
         if message["type"] == "http.disconnect":
@@ -214,7 +213,7 @@ async def _body(receive, declared: int | None, limit: int) -> bytes | None:
         if not over:
             chunks.append(chunk)
         if not message.get("more_body") or size > DRAIN_LIMIT:
-            if over and not declared_over:
+            if over:
                 raise RequestEntityTooLarge()
             return b"".join(chunks)
         try:

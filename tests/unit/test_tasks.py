@@ -1,6 +1,7 @@
 """The built-in tasks: preprocessing on the web side, checks, buckets and collation on the worker side."""
 
 import io
+import random
 
 import numpy as np
 import pytest
@@ -127,6 +128,25 @@ def test_text_preprocess_gives_unpadded_int32_ids(text):
     ids = text.preprocess("A man is eating food.")["input_ids"]
     assert ids.dtype == np.int32
     assert ids.tolist() == [101, 1037, 2158, 2003, 5983, 2833, 1012, 102]
+
+
+def test_printable_ascii_takes_the_cheaper_tokenizer_and_gets_the_same_ids(text):
+    assert text.ascii_tokenizer is not text.tokenizer
+    rng = random.Random(7)
+    printable = [chr(c) for c in range(32, 127)]
+    samples = ["A man is eating food.", "HELLO, World!! (x=3; y='a')", "C++ / C# & Rust: 100% {ok} [sic] ~`^|\\"]
+    samples += ["".join(rng.choice(printable) for _ in range(rng.randint(1, 150))) for _ in range(3000)]
+    for sample in samples:
+        assert text.ascii_tokenizer.encode(sample).ids == text.tokenizer.encode(sample).ids, sample
+        assert text.preprocess(sample)["input_ids"].tolist() == text.tokenizer.encode(sample).ids
+
+
+@pytest.mark.parametrize("item", ["Café au lait", "naïve résumé", "北京 is big", "tab\there", "line\nbreak",
+                                  "bell\x07 and del\x7f", "nul\x00byte"])
+def test_other_text_takes_the_full_normalizer(item, text):
+    """Accents, CJK and control characters are the full normalizer's: its ids, not lowercasing's."""
+    assert text.preprocess(item)["input_ids"].tolist() == text.tokenizer.encode(item).ids
+    assert text.tokenizer.encode("Café").ids != text.ascii_tokenizer.encode("Café").ids  # the case it guards
 
 
 @pytest.mark.parametrize("item, code", [("", "empty_input"), ("   ", "empty_input"),
