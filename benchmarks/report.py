@@ -87,7 +87,9 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         "*CPU ms/req* is user+system CPU from /proc/<pid>/stat of each process tree over the measured "
         "run, divided by the requests answered: web = HTTP processes (gunicorn master and workers, "
         "LitServe's server and API processes), model = the model process(es) (Flask: inside the web "
-        "workers), redis = the system's private redis-server. *other load* is the rest of the machine's "
+        "workers), redis = the system's private redis-server. *req/s per web core* is 1000 / web CPU ms "
+        "per request: the requests one core of web tier can carry (not for Flask, whose web workers "
+        "run the model). *other load* is the rest of the machine's "
         "busy CPU during the point (other jobs, the driver; wrk excluded) in cores: above ~0.1 the point "
         "was disturbed.")
     settings = (
@@ -152,9 +154,9 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
         return ceilings.get(impl, {}).get("batch32")
 
     lines += [("| system | clients | req/s [min–max] | p50 ms | p99 ms | non-2xx / socket err | "
-               "vs ceiling b32 | vs best peer | CPU ms/req web | model | redis | Funnel mean batch | "
-               "other load (cores) |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "vs ceiling b32 | vs best peer | CPU ms/req web | model | redis | req/s per web core | "
+               "Funnel mean batch | other load (cores) |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in concurrency:
         peers = [summary[f"{s}:{i}"][c]["rps"] for s, i in pairs
                  if s in PEERS and c in summary.get(f"{s}:{i}", {})]
@@ -169,14 +171,17 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
             cpu = point["cpu"]
             web = cpu.get("web")
             model_cpu = "in web" if system == "flask" else fmt(cpu.get("model"), 1)
+            # What one core of web tier carries; Flask's web processes run the model too.
+            per_web_core = 1000 / web if web and system != "flask" else None
             lo, hi = point["rps_range"]
             rng = f" [{lo:.0f}–{hi:.0f}]" if point["n"] > 1 else ""
             lines.append(
                 f"| {LABELS[system]} ({impl}) | {c} | {point['rps']:.1f}{rng} | {fmt(point['p50_ms'], 1)} | "
                 f"{fmt(point['p99_ms'], 1)} | {point['non2xx']} / {point['socket_errors']} | "
                 f"{fmt(point['rps'] / ceiling if ceiling else None, 2)} | "
-                f"{fmt(point['rps'] / best_peer if best_peer else None, 2)} | {fmt(web, 1)} | {model_cpu} | "
-                f"{fmt(cpu.get('redis'), 2)} | {fmt(point['mean_batch'], 1)} | {point['other_cores']:.2f} |")
+                f"{fmt(point['rps'] / best_peer if best_peer else None, 2)} | {fmt(web, 2)} | {model_cpu} | "
+                f"{fmt(cpu.get('redis'), 2)} | {fmt(per_web_core)} | {fmt(point['mean_batch'], 1)} | "
+                f"{point['other_cores']:.2f} |")
     lines.append("")
     lines += per_core_lines(summary.get(f"funnel-cores:{backend}", {}), ceilings.get(backend, {}))
     funnel = summary.get(f"funnel:{'onnx' if suite == 'default' else backend}", {})
