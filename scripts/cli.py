@@ -14,25 +14,28 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-# command -> (module, help); imported only when chosen, so `funnel inspect` never loads torch.
-COMMANDS = {
-    "up": ("funnel.scripts.stack", "Redis, the web tier and one worker per model"),
-    "web": ("funnel.web.server", "the web tier (gunicorn + Flask)"),
-    "worker": ("funnel.worker.main", "one worker daemon"),
-    "prepare": ("funnel.scripts.prepare_model", "build the model store from the packaged weights"),
-    "add": ("funnel.scripts.add_model", "add your own ONNX / TorchScript model to the store"),
-    "inspect": ("funnel.scripts.inspect_redis", "look inside Redis"),
-    "client": ("funnel_client.cli", "ask a server for answers"),
-    "stress": ("funnel.scripts.stress_test", "load a server with concurrent clients"),
+from funnel.scripts import entry
+from funnel.scripts.entry import PREPARE, WEB, WORKER
+
+# command -> (module, help, the extras it needs); imported only when chosen, so `funnel inspect`
+# never loads torch.
+COMMANDS: dict[str, tuple[str, str, tuple[entry.Extra, ...]]] = {
+    "up": ("funnel.scripts.stack", "Redis, the web tier and one worker per model", (WEB, WORKER)),
+    "web": ("funnel.web.server", "the web tier (gunicorn + Flask)", (WEB,)),
+    "worker": ("funnel.worker.main", "one worker daemon", (WORKER,)),
+    "prepare": ("funnel.scripts.prepare_model", "build the model store from the packaged weights", (PREPARE,)),
+    "add": ("funnel.scripts.add_model", "add your own ONNX / TorchScript model to the store", ()),
+    "inspect": ("funnel.scripts.inspect_redis", "look inside Redis", ()),
+    "client": ("funnel_client.cli", "ask a server for answers", ()),
+    "stress": ("funnel.scripts.stress_test", "load a server with concurrent clients", ()),
 }
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text, _) in COMMANDS.items()]
     return "usage: funnel <command> [flags]\n\ncommands:\n" + "\n".join(lines) + "\n"
 
 
@@ -45,13 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"funnel: unknown command {command!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
+    module, _, extras = COMMANDS[command]
     try:
-        module = importlib.import_module(COMMANDS[command][0])
+        return entry.run(f"funnel {command}", extras, module, rest)
     except ModuleNotFoundError as exc:
-        # e.g. the web extra without the worker's: README, "Installing", lists the extras.
-        print(f"funnel {command}: needs {exc.name}, which is not installed here", file=sys.stderr)
-        return 1
-    return int(module.main(rest) or 0)
+        # A module the command reaches for only on some paths, e.g. `funnel add --onnx` needs
+        # onnxruntime; a module of Funnel's own missing is a bug, so its traceback stays.
+        if not exc.name or exc.name.partition(".")[0] == "funnel":
+            raise
+        extra = entry.extra_of(exc.name, first=extras)
+        if extra:
+            print(entry.missing_message(f"funnel {command}", [extra], exc.name), file=sys.stderr)
+        elif exc.name.partition(".")[0] == "funnel_client":
+            print(f"funnel {command} needs the client, a distribution of its own: pip install ./client "
+                  "(from Funnel's source)", file=sys.stderr)
+        else:
+            print(f"funnel {command}: needs {exc.name}, which is not installed here", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,12 +3,18 @@
 `make up` runs this; the end-to-end tests and benchmarks use the Stack class
 to start exactly what a user starts.
 
-    funnel up [--port 8000] [--redis-port 6390] [--backend onnx] [worker flags...]
+    funnel up [--port 8000] [--redis-port 6390] [--model-store model_store] [--backend onnx]
+              [--batch-size N | MODEL=N,...] [--linger-ms MS | MODEL=MS,...] [--workers-per-model N]
+              [--log-dir DIR] [--[no-]front-door]
+
+`funnel up --help` tells each option. Every other FUNNEL_* variable in its
+environment reaches the tier whose setting it is (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from funnel.common import settings
@@ -26,6 +33,7 @@ from funnel.scripts import processes
 from funnel.scripts.front_door import FrontDoor, nginx_binary
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.web.settings import WebSettings
+from funnel.worker.settings import WorkerSettings
 
 
 def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dict:
@@ -41,7 +49,8 @@ class Stack(processes.Service):
                  model_store: str | Path = "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
-                 workers: list[str] | None = None, front_door: bool = False, workers_per_model: int = 1):
+                 workers: list[str] | None = None, front_door: bool = False, workers_per_model: int = 1,
+                 model_env: dict[str, dict[str, str]] | None = None):
         self.port = port or free_port()
         # With a front door, nginx listens on `port` and the web tier on a private one behind it.
         self.web_port = free_port() if front_door else self.port
@@ -58,6 +67,7 @@ class Stack(processes.Service):
             # more per core than one session on all of them (benchmarks/README.md).
             self.worker_env = {"FUNNEL_INTRA_OP_THREADS": str(max(1, (os.cpu_count() or 1) // workers_per_model)),
                                "FUNNEL_SPINNING": "0", **self.worker_env}
+        self.model_env = model_env or {}  # model -> settings for its workers alone, over worker_env
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)
         self.redis_url = redis_url or self.redis.url
@@ -84,9 +94,13 @@ class Stack(processes.Service):
         return subprocess.Popen([sys.executable, "-m", *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
+    def worker_environment(self, model: str, **env: str) -> dict[str, str]:
+        """The environment a worker for `model` starts with: its settings are FUNNEL_* variables."""
+        return self._env({"FUNNEL_MODEL": model, **self.worker_env, **self.model_env.get(model, {}), **env})
+
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
         worker = self._spawn(f"worker-{model}-{len(self.workers)}", ["funnel.worker"],
-                             self._env({"FUNNEL_MODEL": model, **self.worker_env, **env}))
+                             self.worker_environment(model, **env))
         self.workers.append(worker)
         return worker
 
@@ -151,29 +165,103 @@ class Stack(processes.Service):
             self.redis.stop()
 
 
+# Settings `funnel up` decides itself for every process it starts (the Redis it started, the store
+# resolved, each worker's model and unique id, the web's address and models), or through its own options.
+DECIDED = {"redis_url", "model_store", "model", "worker_id", "host", "port", "models", "backend"}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run Redis, the web tier and one worker per model.")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("FUNNEL_PORT", 8000)))
+
+def tier_env(cls: type, environ: Mapping[str, str]) -> dict[str, str]:
+    """The FUNNEL_* variables in environ that name one of cls's settings, less those `funnel up` decides."""
+    names = {settings.env_name(f.name) for f in dataclasses.fields(cls) if f.name not in DECIDED}
+    return {name: value for name, value in environ.items() if name in names}
+
+
+def per_model(kind: type) -> Callable[[str], dict[str, str]]:
+    """An argparse type: VALUE for every model, or MODEL=VALUE,... for some; {model or "": "value"}."""
+
+    def parse(text: str) -> dict[str, str]:
+        values = {}
+        for part in text.split(","):
+            model, _, value = part.strip().rpartition("=")
+            values[model] = str(kind(value))  # kind() raises ValueError: argparse reports the option
+        return values
+
+    parse.__name__ = f"{kind.__name__} or MODEL={kind.__name__},..."  # how argparse names a bad value
+    return parse
+
+
+def for_each_model(models: list[str], option: str, values: dict[str, str]) -> dict[str, str]:
+    """{model: value} from a per_model option's values, for the models it covers; naming a model
+    not served is an error, as it would change nothing."""
+    unknown = sorted(set(values) - {"", *models})
+    if unknown:
+        raise SystemExit(f"funnel up: {option} names {', '.join(unknown)}, not among the models served "
+                         f"({', '.join(models)})")
+    return {m: values[m] if m in values else values[""] for m in models if m in values or "" in values}
+
+
+def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="funnel up", description="Run Redis, the web tier and one worker per model, until Ctrl-C or SIGTERM.",
+        epilog="Every other FUNNEL_* variable in the environment reaches the tier whose setting it is "
+               "(funnel-web --help, funnel-worker --help); the options above win over them.")
+    parser.add_argument("--port", type=int, default=int(environ.get("FUNNEL_PORT", 8000)),
+                        help="port the stack answers HTTP on: nginx's with a front door, else the web tier's "
+                             "(default: %(default)s, from FUNNEL_PORT when set)")
     parser.add_argument("--redis-port", type=int, default=6390,
-                        help="port of the private redis-server (ignored with FUNNEL_REDIS_URL)")
-    parser.add_argument("--model-store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
-    parser.add_argument("--backend", default=os.environ.get("FUNNEL_BACKEND", "onnx"))
-    parser.add_argument("--workers-per-model", type=int, default=int(os.environ.get("FUNNEL_WORKERS_PER_MODEL", 1)),
-                        help="worker processes per model; on a CPU-only host serving one model, one per core "
-                             "(each with its share of the cores' threads) served text best")
-    parser.add_argument("--log-dir", default=None, help="write each process's log here instead of the terminal")
+                        help="port of the private redis-server funnel up starts; not used when FUNNEL_REDIS_URL "
+                             "names a Redis of your own, which is used instead (default: %(default)s)")
+    parser.add_argument("--model-store", metavar="DIR", default=environ.get("FUNNEL_MODEL_STORE", "model_store"),
+                        help="model store folder (funnel prepare builds it); every model in it is served "
+                             "(default: %(default)s, from FUNNEL_MODEL_STORE when set)")
+    parser.add_argument("--backend", default=environ.get("FUNNEL_BACKEND", "onnx"), choices=["onnx", "torch"],
+                        help="the workers' inference backend: onnx (ONNX Runtime) or torch (TorchScript) "
+                             "(default: %(default)s, from FUNNEL_BACKEND when set)")
+    parser.add_argument("--batch-size", type=per_model(int), default=None, metavar="N|MODEL=N,...",
+                        help="most jobs in one batch: N for every model's workers, or MODEL=N,... for some "
+                             "(default: FUNNEL_BATCH_SIZE when set, else each model's own from its model.json: "
+                             "16 image, 32 text)")
+    parser.add_argument("--linger-ms", type=per_model(float), default=None, metavar="MS|MODEL=MS,...",
+                        help="longest a worker waits for more jobs once it holds one, in ms; it waits only "
+                             "while the next job is expected sooner than a batch's fixed cost. MS for every "
+                             "model's workers, or MODEL=MS,... for some (default: FUNNEL_LINGER_MS when set, "
+                             "else 5)")
+    parser.add_argument("--workers-per-model", type=int, metavar="N",
+                        default=int(environ.get("FUNNEL_WORKERS_PER_MODEL", 1)),
+                        help="worker processes per model, each with its share of the cores' threads; on a "
+                             "CPU-only host serving one model, one per core served text best "
+                             "(default: %(default)s, from FUNNEL_WORKERS_PER_MODEL when set)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="write each process's log to a file of its own in this folder "
+                             "(default: all to this terminal)")
     parser.add_argument("--front-door", action=argparse.BooleanOptionalAction, default=nginx_binary() is not None,
                         help="nginx in front of the web tier, so slow clients cannot hold its threads "
-                             "(default: on when nginx is installed)")
-    args = parser.parse_args(argv)
+                             "(default: on when nginx is installed; here %(default)s)")
+    return parser
+
+
+def build(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Stack:
+    """The Stack `funnel up` starts for these options and this environment (nothing started yet)."""
+    args = options(environ).parse_args(argv)
     if not args.front_door:
         print("funnel up: no nginx in front (--no-front-door, or nginx not installed): clients that "
               "send slowly can hold the web tier's threads", file=sys.stderr)
-    stack = Stack(port=args.port, redis_port=args.redis_port, model_store=args.model_store,
-                  redis_url=os.environ.get("FUNNEL_REDIS_URL"),
-                  worker_env={"FUNNEL_BACKEND": args.backend}, workers_per_model=args.workers_per_model,
-                  log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door)
+    models = list_models(args.model_store)
+    per_model_env: dict[str, dict[str, str]] = {m: {} for m in models}
+    for option, variable, values in (("--batch-size", "FUNNEL_BATCH_SIZE", args.batch_size),
+                                     ("--linger-ms", "FUNNEL_LINGER_MS", args.linger_ms)):
+        for model, value in for_each_model(models, option, values or {}).items():
+            per_model_env[model][variable] = value
+    return Stack(port=args.port, redis_port=args.redis_port, model_store=args.model_store, models=models,
+                 redis_url=environ.get("FUNNEL_REDIS_URL"),
+                 worker_env={**tier_env(WorkerSettings, environ), "FUNNEL_BACKEND": args.backend},
+                 web_env=tier_env(WebSettings, environ), model_env=per_model_env,
+                 workers_per_model=args.workers_per_model,
+                 log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door)
+
+
+def main(argv: list[str] | None = None) -> int:
+    stack = build(argv)
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())

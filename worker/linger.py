@@ -3,12 +3,10 @@
 Waiting only pays when more jobs are on their way and merging them saves
 work: a batch of n costs about a·n + b (b the fixed cost of one run, as
 BentoML's dispatcher fits it), so a job that joins this batch instead of
-running in a later one saves b. The adaptive policy waits for the next job
-only when it is expected sooner than b, and never longer than the maximum
-linger. One client at a time sees no waiting at all; a busy queue fills
+running in a later one saves b. The worker waits for the next job only when
+it is expected sooner than b, and never longer than the maximum linger
+(linger_ms). One client at a time sees no waiting at all; a busy queue fills
 batches by itself, since the worker first takes whatever is already queued.
-
-FixedLinger always waits the whole linger, for comparison.
 """
 
 from __future__ import annotations
@@ -16,37 +14,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Protocol
-
-
-class Linger(Protocol):
-    """How long the worker keeps waiting for more jobs, and what it learns from each batch."""
-
-    def budget_s(self, held: int, batch_size: int) -> float:
-        """Seconds to keep waiting for more jobs, counted from the first one taken (0: run now)."""
-        ...
-
-    def observe(self, size_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
-        """A batch ran: its size and inference seconds, and its jobs' enqueue stamps (epoch ms)."""
-        ...
-
-
-class FixedLinger:
-    def __init__(self, linger_ms: float, stop: threading.Event | None = None):
-        self.linger_s = max(0.0, linger_ms) / 1000.0
-        self.stop = stop or threading.Event()
-
-    def budget_s(self, held: int, batch_size: int) -> float:
-        """Seconds to keep waiting for more jobs, counted from the first one taken.
-
-        Zero once a stop is requested: the batch in hand is run at once.
-        """
-        if held >= batch_size or self.stop.is_set():
-            return 0.0
-        return self.linger_s
-
-    def observe(self, size_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
-        """A fixed linger learns nothing."""
 
 
 class CostModel:
@@ -72,18 +39,20 @@ class CostModel:
         return max(a, 0.0), max(b, 0.0)
 
 
-class AdaptiveLinger(FixedLinger):
+class Linger:
     """Wait for more jobs only while the next one is expected sooner than a batch's fixed cost."""
 
     WINDOW_S = 2.0  # arrival rate over the last two seconds of enqueue times
 
     def __init__(self, max_linger_ms: float, stop: threading.Event | None = None):
-        super().__init__(max_linger_ms, stop)
+        self.linger_s = max(0.0, max_linger_ms) / 1000.0
+        self.stop = stop or threading.Event()
         self.cost = CostModel()
         self.arrivals: collections.deque[float] = collections.deque()
         self._lock = threading.Lock()
 
     def observe(self, size_and_seconds: tuple[int, float], enqueued_ms: list[int]) -> None:
+        """A batch ran: its size and inference seconds, and its jobs' enqueue stamps (epoch ms)."""
         size, seconds = size_and_seconds
         with self._lock:
             if size:
@@ -105,6 +74,10 @@ class AdaptiveLinger(FixedLinger):
             return len(self.arrivals) / max(now - self.arrivals[0], 1e-3)
 
     def budget_s(self, held: int, batch_size: int) -> float:
+        """Seconds to keep waiting for more jobs, counted from the first one taken (0: run now).
+
+        Zero once a stop is requested: the batch in hand is run at once.
+        """
         if held >= batch_size or self.stop.is_set() or self.linger_s == 0:
             return 0.0
         rate = self.arrival_rate()
@@ -112,7 +85,3 @@ class AdaptiveLinger(FixedLinger):
         if rate <= 0 or 1.0 / rate >= fixed_cost:
             return 0.0  # the next job is not expected before merging it would pay
         return min(self.linger_s, (batch_size - held) / rate)
-
-
-def make(mode: str, linger_ms: float, stop: threading.Event | None = None) -> Linger:
-    return {"fixed": FixedLinger, "adaptive": AdaptiveLinger}[mode](linger_ms, stop)

@@ -18,9 +18,9 @@ from funnel.common.store import load_spec
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
-from funnel.worker import linger as lingering
 from funnel.worker.allocator import preload_tcmalloc
 from funnel.worker.heartbeat import Heartbeat
+from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import answer
@@ -48,11 +48,11 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
     queue = JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share)
-    linger = lingering.make(settings.linger_mode, settings.linger_ms, stop)
+    linger = Linger(settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "backend": settings.backend, "device": device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms, "linger_mode": settings.linger_mode},
+        "batch_size": batch_size, "linger_ms": settings.linger_ms},
         recovery, settings.heartbeat_ttl_s)
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own

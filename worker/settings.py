@@ -26,9 +26,8 @@ class WorkerSettings(SharedSettings):
     devices: list[str] = setting([], "candidates for --device auto, comma-separated "
                                      "(default: every CUDA device the backend sees)")
     batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
-    linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand")
-    linger_mode: str = setting("adaptive", "adaptive: wait only when more jobs are expected soon "
-                               "enough to pay; fixed: always wait linger_ms", choices=["adaptive", "fixed"])
+    linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand; the worker waits only "
+                               "while the next job is expected sooner than a batch's fixed cost")
     intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
     bulk_share: float = setting(0.25, "share of each batch's places that items of async and bulk jobs get "

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from funnel.scripts import cli
+from funnel.common import settings
+from funnel.scripts import cli, entry, stack
+from funnel.scripts.entry import PREPARE, WEB, WORKER
+from funnel.worker.settings import WorkerSettings
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
@@ -52,3 +55,88 @@ def test_nothing_edits_sys_path():
 
 def test_which_finds_the_installed_scripts():
     assert shutil.which("funnel", path=str(BIN)) and shutil.which("funnel-web", path=str(BIN))
+
+
+def test_every_funnel_up_option_says_what_it_does_and_its_default():
+    for action in stack.options({})._actions:
+        if action.dest == "help":
+            continue
+        assert action.help and len(action.help) > 40, action.option_strings
+        assert "default" in action.help, action.option_strings
+    done = run(str(BIN / "funnel"), "up", "--help")
+    assert "--batch-size" in done.stdout and "--linger-ms" in done.stdout
+
+
+def a_store(tmp_path: Path, *models: str) -> Path:
+    """A model store with these model names, enough for funnel up to list them (nothing is loaded)."""
+    for model in models:
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "model.json").write_text("{}")
+    return tmp_path
+
+
+def worker_settings(up: stack.Stack) -> dict[str, WorkerSettings]:
+    """What each worker `funnel up` would start reads from the environment it is given."""
+    return {model: settings.load(WorkerSettings, [], environ=up.worker_environment(model))
+            for model in up.worker_models}
+
+
+def test_funnel_up_hands_batch_size_and_linger_to_its_workers(tmp_path):
+    store = a_store(tmp_path, "image-classifier", "text-embedding")
+    up = stack.build(["--model-store", str(store), "--batch-size", "8", "--linger-ms", "2.5", "--no-front-door"],
+                     environ={})
+    workers = worker_settings(up)
+    assert sorted(workers) == ["image-classifier", "text-embedding"]
+    for model, worker in workers.items():
+        assert (worker.model, worker.batch_size, worker.linger_ms) == (model, 8, 2.5)
+
+
+def test_funnel_up_options_per_model_win_over_the_environment(tmp_path):
+    store = a_store(tmp_path, "image-classifier", "text-embedding")
+    environ = {"FUNNEL_BATCH_SIZE": "4", "FUNNEL_LINGER_MS": "7", "FUNNEL_BULK_SHARE": "0.5",
+               "FUNNEL_WORKER_ID": "one-for-all", "FUNNEL_API_KEYS": "secret", "FUNNEL_THREADS": "3"}
+    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=64",
+                      "--linger-ms", "image-classifier=1", "--no-front-door"], environ=environ)
+    workers = worker_settings(up)
+    assert (workers["text-embedding"].batch_size, workers["text-embedding"].linger_ms) == (64, 7.0)
+    assert (workers["image-classifier"].batch_size, workers["image-classifier"].linger_ms) == (4, 1.0)
+    assert {w.bulk_share for w in workers.values()} == {0.5}
+    # Each worker's id is its own, whatever the environment says; web settings go to the web tier.
+    assert "FUNNEL_WORKER_ID" not in up.worker_environment("text-embedding")
+    assert "FUNNEL_THREADS" not in up.worker_environment("text-embedding")
+    assert up.web_env == {"FUNNEL_API_KEYS": "secret", "FUNNEL_THREADS": "3"}
+
+
+def test_funnel_up_refuses_a_batch_size_for_a_model_it_does_not_serve(tmp_path):
+    store = a_store(tmp_path, "text-embedding")
+    with pytest.raises(SystemExit, match="resnet-50"):
+        stack.build(["--model-store", str(store), "--batch-size", "resnet-50=8", "--no-front-door"], environ={})
+    with pytest.raises(SystemExit):  # argparse: not a number
+        stack.build(["--model-store", str(store), "--linger-ms", "soon", "--no-front-door"], environ={})
+
+
+@pytest.mark.parametrize(("command", "extras", "expected"), [
+    ("funnel-web", [WEB], "funnel-web needs the web extra: pip install 'funnel[web]'"),
+    ("funnel-worker", [WORKER],
+     "funnel-worker needs the worker extra: pip install 'funnel[worker]' ('funnel[gpu]' on CUDA hosts)"),
+    ("funnel up", [WEB, WORKER], "funnel up needs the web and worker extras: "
+                                 "pip install 'funnel[web,worker]' ('funnel[web,gpu]' on CUDA hosts)"),
+])
+def test_a_missing_extra_is_named_with_its_pip_command(command, extras, expected):
+    assert entry.missing_message(command, extras) == expected
+
+
+def test_a_module_missing_on_the_way_is_put_down_to_the_commands_own_extra_first():
+    assert entry.extra_of("torch", first=(PREPARE,)) is PREPARE
+    assert entry.extra_of("torch.nn", first=(WORKER,)) is WORKER
+    assert entry.extra_of("transformers") is PREPARE
+    assert entry.extra_of("numpy") is None  # a base dependency: no extra to name
+    assert entry.missing_message("funnel add", [WORKER], "onnxruntime") == (
+        "funnel add needs onnxruntime, from the worker extra: pip install 'funnel[worker]' "
+        "('funnel[gpu]' on CUDA hosts)")
+
+
+def test_a_command_whose_extra_is_missing_exits_2_before_importing_it(capsys):
+    absent = entry.Extra("absent", ("funnel_no_such_module",))
+    assert entry.run("funnel-thing", (absent,), "funnel_no_such_module.main") == 2
+    assert capsys.readouterr().err == "funnel-thing needs the absent extra: pip install 'funnel[absent]'\n"

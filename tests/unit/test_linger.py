@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from funnel.worker.linger import AdaptiveLinger, CostModel, FixedLinger
+from funnel.worker.linger import CostModel, Linger
 
 
 def test_cost_model_recovers_a_line():
@@ -26,8 +26,8 @@ def arrivals(rate_per_s: float, n: int = 50) -> list[int]:
     return [int((now - i / rate_per_s) * 1000) for i in range(n)]
 
 
-def fitted(fixed_cost_s: float) -> AdaptiveLinger:
-    linger = AdaptiveLinger(20)
+def fitted(fixed_cost_s: float, max_linger_ms: float = 20, stop: threading.Event | None = None) -> Linger:
+    linger = Linger(max_linger_ms, stop)
     for n in (1, 2, 4, 8):
         linger.observe((n, 0.001 * n + fixed_cost_s), [])
     return linger
@@ -46,7 +46,7 @@ def test_no_wait_at_low_load():
 
 
 def test_no_wait_before_anything_is_known_or_when_full_or_stopping():
-    assert AdaptiveLinger(20).budget_s(1, 32) == 0
+    assert Linger(20).budget_s(1, 32) == 0
     linger = fitted(fixed_cost_s=0.010)
     linger.observe((0, 0), arrivals(1000))
     assert linger.budget_s(held=32, batch_size=32) == 0
@@ -60,10 +60,16 @@ def test_never_longer_than_the_maximum():
     assert linger.budget_s(held=1, batch_size=1000) == pytest.approx(0.020)
 
 
-def test_fixed_linger_always_waits_until_stopped():
+def test_a_stop_request_runs_the_batch_in_hand_at_once():
     stop = threading.Event()
-    linger = FixedLinger(7, stop)
-    assert linger.budget_s(1, 8) == pytest.approx(0.007)
-    assert linger.budget_s(8, 8) == 0
-    stop.set()
-    assert linger.budget_s(1, 8) == 0
+    linger = fitted(fixed_cost_s=1.0, stop=stop)
+    linger.observe((0, 0), arrivals(100))
+    assert linger.budget_s(held=1, batch_size=1000) == pytest.approx(0.020)
+    stop.set()  # the worker's own stop event, set by SIGTERM
+    assert linger.budget_s(held=1, batch_size=1000) == 0
+
+
+def test_no_wait_with_a_zero_maximum():
+    linger = fitted(fixed_cost_s=1.0, max_linger_ms=0)
+    linger.observe((0, 0), arrivals(1000))
+    assert linger.budget_s(held=1, batch_size=32) == 0
