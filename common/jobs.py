@@ -20,7 +20,9 @@ The state is derived, never stored, except for `cancelled`:
 
 A job submitted with a webhook carries `webhook_url`; the step that makes it
 final (the last item stored, or the cancel) also makes its delivery due, in
-the same script (common/webhooks.py).
+the same script (common/lua/store_results.lua, cancel.lua).
+
+common/job_store.py creates, reads and cancels jobs for the web tier.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import redis
 
-from funnel.common import webhooks
+from funnel.common import lua_scripts
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply, now_ms, peek_job
 
@@ -131,34 +133,9 @@ class Record:
 
 # -- the worker's side -------------------------------------------------------
 
-# KEYS: job record, results hash, due webhooks. ARGV: now (ms), job id, then (index, reply, ok 1/0)
-# triples. An expired or unknown job's results are dropped: nothing would ever read them.
-_STORE = webhooks.ENQUEUE_LUA + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local new, failed, seen = 0, 0, 0
-for i = 3, #ARGV, 3 do
-  seen = seen + 1
-  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
-    new = new + 1
-    if ARGV[i + 2] == '0' then failed = failed + 1 end
-  end
-end
-local done = redis.call('HINCRBY', KEYS[1], 'done', new)
-if failed > 0 then redis.call('HINCRBY', KEYS[1], 'failed', failed) end
-if seen > new then redis.call('HINCRBY', KEYS[1], 'duplicates', seen - new) end
-if new > 0 and done >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
-  redis.call('HSET', KEYS[1], 'finished_ms', ARGV[1])
-  webhook_due(KEYS[1], KEYS[3], ARGV[2], ARGV[1])
-end
-local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
-redis.call('PEXPIRE', KEYS[1], ttl)
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ttl) end
-return new
-"""
-
-
 def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> None:
-    """Queue, on a pipeline (MULTI), the store of these item replies into their job's results hash."""
+    """Queue, on a pipeline (MULTI), the store of these item replies into their job's results hash
+    (common/lua/store_results.lua: once per index; an expired job's are dropped)."""
     job_id = keys.job_of_results(results_key)
     args: list = [now_ms(), job_id]
     for reply in replies:
@@ -166,7 +143,8 @@ def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> N
         if head == job_id and index.isdigit():  # else not an item of this job (a forged message)
             args += [int(index), encode_reply(reply), int(reply.ok)]
     if len(args) > 2:
-        pipe.register_script(_STORE)(keys=[keys.job(job_id), results_key, keys.webhooks_due()], args=args)
+        lua_scripts.register(pipe, "store_results")(keys=[keys.job(job_id), results_key, keys.webhooks_due()],
+                                                    args=args)
 
 
 def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[list[bytes], int]:

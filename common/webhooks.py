@@ -12,6 +12,9 @@ private ones through.
 
 A delivery is signed like Stripe's: `Funnel-Signature: t=<unix seconds>,v1=<hex>`,
 the HMAC-SHA256 of `<t>.<body>` under FUNNEL_WEBHOOK_SECRET.
+
+A delivery becomes due in the same script that makes its job final
+(common/lua/webhook_due.lua, included in store_results.lua and cancel.lua).
 """
 
 from __future__ import annotations
@@ -27,20 +30,6 @@ from dataclasses import dataclass
 MAX_URL = 2048
 SIGNATURE_HEADER = "Funnel-Signature"
 ID_HEADER = "Funnel-Webhook-Id"  # the job id: the same on every attempt, for receivers to drop repeats
-
-# Lua, included in the scripts that make a job final (common/jobs.py's store, web/jobs.py's cancel):
-# the state change and the delivery's enqueue are one atomic step. Once per job: a cancelled job
-# whose last items still finish does not get a second delivery.
-ENQUEUE_LUA = """
-local function webhook_due(job, due, job_id, now)
-  local hook = redis.call('HMGET', job, 'webhook_url', 'webhook_state')
-  if hook[1] and hook[1] ~= '' and not hook[2] then
-    redis.call('HSET', job, 'webhook_state', 'pending', 'webhook_next_ms', now)
-    redis.call('ZADD', due, now, job_id)
-  end
-end
-"""
-
 
 class Refused(ValueError):
     """A webhook URL that is malformed or points where deliveries may not go."""

@@ -10,11 +10,11 @@ time.
 
 Two replicas starting at the same moment would both see the same counts
 before either registers (registration waits for the model to load), so the
-choice is made and recorded in one Lua script: besides the live workers read
-just before (worker hashes live in their models' slots, which one script may
-not span on Redis Cluster), it counts *claims*, a
-sorted set `funnel:device-claims` of "<device> <worker id>" scored by their
-expiry time, and adds this worker's claim before it returns. A claim lasts
+choice is made and recorded in one Lua script (common/lua/choose_device.lua):
+besides the live workers read just before (worker hashes live in their
+models' slots, which one script may not span on Redis Cluster), it counts
+*claims*, a sorted set `funnel:device-claims` of "<device> <worker id>"
+scored by their expiry time, and adds this worker's claim before it returns. A claim lasts
 CLAIM_TTL_S, long enough to cover loading the model and the first heartbeat;
 a worker that has both a live claim and a live heartbeat is counted once.
 """
@@ -28,52 +28,13 @@ import uuid
 
 import redis
 
-from funnel.common import registry
+from funnel.common import lua_scripts, registry
 from funnel.common.keys import Keys
 
 log = logging.getLogger(__name__)
 
 CLAIM_TTL_S = 120.0
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
-
-# KEYS[1] claims sorted set. ARGV[1] this worker's id, ARGV[2] claim ttl in ms,
-# ARGV[3] the number n of candidate devices, ARGV[4..3+n] the candidates in order
-# of preference, then (worker id, device) of each live worker.
-# Returns {chosen device, count of each candidate before this claim...}.
-CHOOSE_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local me = ARGV[1]
-local last = 3 + tonumber(ARGV[3])
-local counts, seen = {}, {}
-for i = 4, last do counts[ARGV[i]] = 0 end
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local sp = string.find(member, ' ', 1, true)
-  if sp then
-    local device, id = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
-    if id == me then
-      redis.call('ZREM', KEYS[1], member)  -- this worker's earlier claim: replaced below
-    elseif not seen[id] then
-      seen[id] = true
-      if counts[device] then counts[device] = counts[device] + 1 end
-    end
-  end
-end
-for i = last + 1, #ARGV, 2 do
-  local id, device = ARGV[i], ARGV[i + 1]
-  if id ~= me and not seen[id] and counts[device] then counts[device] = counts[device] + 1 end
-end
-local best = ARGV[4]
-for i = 5, last do
-  if counts[ARGV[i]] < counts[best] then best = ARGV[i] end
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), best .. ' ' .. me)
-local result = {best}
-for i = 4, last do result[#result + 1] = counts[ARGV[i]] end
-return result
-"""
-
 
 def check_device(device: str) -> str:
     if not DEVICE_PATTERN.match(device):
@@ -92,8 +53,8 @@ def choose(client: redis.Redis, keys: Keys, candidates: list[str], worker_id: st
     worker_id = worker_id or f"claim-{uuid.uuid4().hex[:12]}"
     live = [value for worker in registry.live_workers(client, keys) if "device" in worker
             for value in (worker["id"], worker["device"])]
-    result = client.eval(CHOOSE_LUA, 1, keys.device_claims(), worker_id, int(claim_ttl_s * 1000),
-                         len(candidates), *candidates, *live)
+    result = client.eval(lua_scripts.source("choose_device"), 1, keys.device_claims(), worker_id,
+                         int(claim_ttl_s * 1000), len(candidates), *candidates, *live)
     chosen = result[0].decode() if isinstance(result[0], bytes) else result[0]
     log.info("device %s chosen from %s", chosen,
              ", ".join(f"{d} ({n} workers)" for d, n in zip(candidates, result[1:])))

@@ -7,15 +7,16 @@ script and BLMOVE stay in one slot.
 
 Two queues per model: funnel:queue:{<model>} (interactive requests) and
 funnel:bulk:{<model>} (the items of async and bulk jobs). A batch is filled
-from the interactive queue first, but bulk items waiting get
-ceil(bulk_share x batch size) of its places (at least one), so a bulk job
-progresses under any interactive load; places that neither queue fills are
-the interactive queue's again. While interactive jobs keep coming (one taken
-within INTERACTIVE_RECENT_S), bulk items never take more than their share,
-even of a batch that nothing else fills: an interactive request then waits
-behind a small bulk batch, not a full one. With no interactive traffic, bulk
-items fill whole batches. An idle worker blocks on the interactive
-queue only, so it notices new bulk items within block_s (a second).
+from the interactive queue first, but bulk items waiting get ceil(bulk_share x
+batch size) of its places (at least one), so a bulk job progresses under any
+interactive load (one Lua script, common/lua/take.lua); places that neither
+queue fills are the interactive queue's again. While interactive jobs keep
+coming (one taken within INTERACTIVE_RECENT_S), bulk items never take more
+than their share, even of a batch that nothing else fills: an interactive
+request then waits behind a small bulk batch, not a full one. With no
+interactive traffic, bulk items fill whole batches. An idle worker blocks on
+the interactive queue only, so it notices new bulk items within block_s (a
+second).
 """
 
 from __future__ import annotations
@@ -25,34 +26,10 @@ import time
 
 import redis
 
+from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
 from funnel.worker.linger import Linger
-
-# Move up to ARGV[1] jobs from the queues' old ends into the in-flight list
-# KEYS[2] in one round trip (RPOP with a count needs Redis 6.2): from the
-# interactive queue KEYS[1] all but ARGV[2] places, then up to ARGV[3] bulk
-# items from KEYS[3] into the rest, then the interactive queue again into what
-# bulk left. Returns {interactive jobs taken, all jobs taken}.
-_TAKE_MORE = """
-local want, share, bulk_cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local taken = {}
-local function take(queue, count)
-  if count <= 0 then return 0 end
-  local jobs = redis.call('RPOP', queue, count)
-  if not jobs then return 0 end
-  for i = 1, #jobs do
-    redis.call('LPUSH', KEYS[2], jobs[i])
-    taken[#taken + 1] = jobs[i]
-  end
-  return #jobs
-end
-local interactive = take(KEYS[1], want - share)
-take(KEYS[3], math.min(bulk_cap, want - #taken))
-interactive = interactive + take(KEYS[1], want - #taken)
-return {interactive, taken}
-"""
-
 
 POLL_S = 0.001
 INTERACTIVE_RECENT_S = 1.0  # bulk items fill whole batches only when no interactive job came this recently
@@ -66,7 +43,7 @@ class JobQueue:
         self.bulk_share = bulk_share
         self.inflight = keys.inflight(model, worker_id)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
-        self._take_more = client.register_script(_TAKE_MORE)
+        self._take_more = lua_scripts.register(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, or from a take cut short by a Redis error.
         self._maybe_leftovers = True

@@ -13,7 +13,7 @@ import logging
 
 import redis
 
-from funnel.common import registry
+from funnel.common import lua_scripts, registry
 from funnel.common.jobs import store_results
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, WireError, decode_job, encode_job, encode_reply
@@ -22,24 +22,12 @@ log = logging.getLogger(__name__)
 
 LOCK_MS = 30_000  # a claimer that dies mid-recovery releases the claim after this
 
-# KEYS: heartbeat, in-flight, recovering, lock. ARGV: claimer id, lock ms.
-# Moves the dead worker's in-flight jobs to its recovering list, unless the
-# worker is alive or another peer holds the claim.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if not redis.call('SET', KEYS[4], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-local job = redis.call('RPOPLPUSH', KEYS[2], KEYS[3])
-while job do job = redis.call('RPOPLPUSH', KEYS[2], KEYS[3]) end
-return 1
-"""
-
-
 class Recovery:
     def __init__(self, client: redis.Redis, keys: Keys, claimer_id: str, max_attempts: int,
                  reply_ttl_s: int):
         self.client, self.keys, self.claimer_id = client, keys, claimer_id
         self.max_attempts, self.reply_ttl_s = max_attempts, reply_ttl_s
-        self._claim = client.register_script(_CLAIM)
+        self._claim = lua_scripts.register(client, "recovery_claim")
 
     def sweep(self) -> int:
         """Recover every registered worker whose heartbeat has expired; jobs requeued."""

@@ -1,14 +1,15 @@
 """Delivering job webhooks: a background thread in every worker process.
 
 Due deliveries wait in one sorted set, funnel:webhooks (job id scored by when
-it is due), put there by the step that made the job final (common/jobs.py,
-web/jobs.py). A deliverer claims the oldest due one with a Lua script that
-pushes its score a lease ahead (4 x FUNNEL_WEBHOOK_TIMEOUT_S) and counts the
-attempt, so a deliverer that dies mid-attempt hands it back when the lease
-runs out; it then POSTs the job's status, signed, and settles the attempt
-(delivered, due again after a backoff, or failed after FUNNEL_WEBHOOK_ATTEMPTS)
-only if its claim still stands. Delivery is at least once: a receiver drops
-repeats by the Funnel-Webhook-Id header.
+it is due), put there by the step that made the job final (common/lua/'s
+store_results.lua or cancel.lua). A deliverer claims the oldest due one with a
+Lua script (common/lua/webhook_claim.lua) that pushes its score a lease ahead
+(4 x FUNNEL_WEBHOOK_TIMEOUT_S) and counts the attempt, so a deliverer that
+dies mid-attempt hands it back when the lease runs out; it then POSTs the
+job's status, signed, and settles the attempt (delivered, due again after a
+backoff, or failed after FUNNEL_WEBHOOK_ATTEMPTS) only if its claim still
+stands. Delivery is at least once: a receiver drops repeats by the
+Funnel-Webhook-Id header.
 
 One attempt: the URL is checked again and its name resolved now (an address
 checked at submit may since have been rebound to a private one), the
@@ -29,7 +30,7 @@ import uuid
 
 import redis
 
-from funnel.common import webhooks
+from funnel.common import lua_scripts, webhooks
 from funnel.common.jobs import Record
 from funnel.common.keys import Keys
 from funnel.common.wire import now_ms
@@ -41,51 +42,6 @@ POLL_S = 0.5              # how often an idle deliverer looks for due deliveries
 MAX_ANSWER_BYTES = 4096   # read at most this much of a receiver's answer, for its status line
 LEASE_FACTOR = 4          # a claim lasts this many attempt timeouts (DNS is not under our timeout)
 MAX_ERROR_CHARS = 300
-
-# KEYS: due webhooks. ARGV: now, lease ms, token, job key prefix, most attempts.
-# The oldest due delivery, claimed: its score pushed a lease ahead, its attempt counted, the token
-# recorded. Entries whose job expired or already settled are dropped on the way; an entry whose
-# attempts a dead claimer used up is marked failed. Returns {job id, the record's fields} or nil.
-_CLAIM = """
-local now = tonumber(ARGV[1])
-for _ = 1, 100 do
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 1)
-  if #due == 0 then return false end
-  local id = due[1]
-  local job = ARGV[4] .. id
-  local hook = redis.call('HMGET', job, 'webhook_state', 'webhook_attempts')
-  local attempts = tonumber(hook[2] or '0')
-  if hook[1] ~= 'pending' then
-    redis.call('ZREM', KEYS[1], id)
-  elseif attempts >= tonumber(ARGV[5]) then
-    redis.call('HSET', job, 'webhook_state', 'failed', 'webhook_last_error',
-               'the last attempt never ended: its worker stopped or died')
-    redis.call('ZREM', KEYS[1], id)
-  else
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), id)
-    redis.call('HSET', job, 'webhook_claim', ARGV[3], 'webhook_attempts', attempts + 1)
-    return {id, redis.call('HGETALL', job)}
-  end
-end
-return false
-"""
-
-# KEYS: due webhooks, job record. ARGV: job id, token, outcome (delivered, retry, failed), HTTP status
-# (0: none), error, next due (ms). Settles an attempt only if its claim still stands.
-_SETTLE = """
-if redis.call('HGET', KEYS[2], 'webhook_claim') ~= ARGV[2] then return 0 end
-redis.call('HDEL', KEYS[2], 'webhook_claim')
-redis.call('HSET', KEYS[2], 'webhook_last_status', ARGV[4], 'webhook_last_error', ARGV[5])
-if ARGV[3] == 'retry' then
-  redis.call('HSET', KEYS[2], 'webhook_next_ms', ARGV[6])
-  redis.call('ZADD', KEYS[1], ARGV[6], ARGV[1])
-else
-  redis.call('HSET', KEYS[2], 'webhook_state', ARGV[3])
-  redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 1
-"""
-
 
 class DeliveryFailed(Exception):
     """One attempt did not get a 2xx: status is the HTTP status when one came back, else 0."""
@@ -161,13 +117,13 @@ class Deliverer:
     def __init__(self, client: redis.Redis, keys: Keys, settings: WorkerSettings):
         self.client, self.keys, self.settings = client, keys, settings
         self.lease_ms = int(LEASE_FACTOR * settings.webhook_timeout_s * 1000)
-        self._claim = client.register_script(_CLAIM)
-        self._settle = client.register_script(_SETTLE)
+        self._claim = lua_scripts.register(client, "webhook_claim")
+        self._settle = lua_scripts.register(client, "webhook_settle")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="webhooks", daemon=True)
 
     def start(self) -> Deliverer:
-        if not self.keys.cluster:  # no job finishes on a cluster (web/jobs.py answers 501): nothing to deliver
+        if not self.keys.cluster:  # no job is made on a cluster (common/job_store.py, 501): nothing to deliver
             self._thread.start()
         return self
 

@@ -9,7 +9,7 @@ from funnel.common import jobs
 from funnel.common.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
 from funnel.web.jobs import wants_async
 from funnel.worker import queue as worker_queue
-from funnel.worker.linger import make as make_linger
+from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
 from funnel.worker.reply import answer
 
@@ -47,6 +47,14 @@ def test_prefer_header(header, wanted):
     assert wants_async(header) is wanted
 
 
+class FixedWait(Linger):
+    """Waits this long for more jobs whatever it has seen (worker/linger.py's waits only once it has
+    timed batches and arrivals): time for a take to poll its queues again."""
+
+    def budget_s(self, held: int, batch_size: int) -> float:
+        return 0.0 if held >= batch_size else self.linger_s
+
+
 def item(keys, job_id: str, index: int, model="m") -> bytes:
     return encode_job(Job(id=jobs.item_id(job_id, index), model=model, inputs={"x": np.zeros(1, np.int32)},
                           reply_to=keys.job_results(job_id), deadline=now_ms() + 60_000))
@@ -69,12 +77,12 @@ def test_batches_fill_from_interactive_first_with_a_share_for_bulk(redis_client,
     redis_client.lpush(keys.bulk("m"), *[item(keys, job_id, i) for i in range(100)])
     redis_client.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(100)])
     queue = JobQueue(redis_client, keys, "m", "w1", bulk_share=0.25)
-    linger = make_linger("fixed", 0, None)
+    linger = Linger(0)
     taken = queue.take(8, linger, 0.1)
     assert sum(keys.job(job_id).encode() in raw for raw in taken) == 2  # ceil(0.25 * 8)
     assert len(taken) == 8 and redis_client.llen(keys.inflight("m", "w1")) == 8
     redis_client.delete(keys.queue("m"), keys.inflight("m", "w1"))
-    linger = make_linger("fixed", 20, None)  # time to poll again: bulk still keeps to its share
+    linger = FixedWait(20)  # time to poll again: bulk still keeps to its share
     taken = queue.take(8, linger, 0.1)  # interactive jobs came just now: a small bulk batch
     assert len(taken) == 2 and all(keys.job(job_id).encode() in raw for raw in taken)
     redis_client.delete(keys.inflight("m", "w1"))
@@ -91,7 +99,7 @@ def test_items_of_cancelled_or_expired_jobs_are_dropped_unrun(redis_client, keys
     redis_client.lpush(keys.bulk("m"), item(keys, cancelled, 0), item(keys, "f" * 32, 0),
                        item(keys, live, 0), item(keys, cancelled, 1))
     queue = JobQueue(redis_client, keys, "m", "w1")
-    taken = queue.take(8, make_linger("fixed", 0, None), 0.1)
+    taken = queue.take(8, Linger(0), 0.1)
     assert len(taken) == 1 and live.encode() in taken[0] and queue.dropped == 3
     assert redis_client.llen(keys.bulk("m")) == 0
 

@@ -13,9 +13,9 @@ import pytest
 
 from funnel.common import jobs, webhooks
 from funnel.common.errors import BadInput
+from funnel.common.job_store import JobStore
+from funnel.common.job_submit import SubmitLimits, check_webhook
 from funnel.common.wire import Reply, now_ms
-from funnel.web.jobs import JobsApi
-from funnel.web.settings import WebSettings
 from funnel.worker.reply import answer
 from funnel.worker.settings import WorkerSettings
 from funnel.worker.webhook import Deliverer, DeliveryFailed, backoff_ms, post
@@ -138,26 +138,26 @@ def test_the_last_stored_item_makes_the_webhook_due_once(redis_client, keys):
 
 
 def test_a_cancel_makes_the_webhook_due_once(redis_client, keys):
-    from flask import Flask
-
-    api = JobsApi({}, redis_client, keys, WebSettings())
+    job_store = JobStore(redis_client, keys, ttl_s=60)
     job_id = make_job(redis_client, keys, 5)
-    with Flask(__name__).test_request_context(f"/v1/jobs/{job_id}", method="DELETE"):
-        assert api.cancel(job_id).json["state"] == "cancelled"
-        redis_client.zrem(keys.webhooks_due(), job_id)
-        api.cancel(job_id)  # again: already pending, not due a second time
+    assert job_store.cancel(job_id).state == "cancelled"
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
+    redis_client.zrem(keys.webhooks_due(), job_id)
+    job_store.cancel(job_id)  # again: already pending, not due a second time
     assert redis_client.zscore(keys.webhooks_due(), job_id) is None
     store(redis_client, keys, job_id, 0, 1, 2, 3, 4)  # its last items finish after the cancel: still once
     assert redis_client.zscore(keys.webhooks_due(), job_id) is None
 
 
-def test_a_submit_naming_a_webhook_needs_the_secret(redis_client, keys):
+def test_a_submit_naming_a_webhook_needs_the_secret():
     with pytest.raises(BadInput) as refused:
-        JobsApi({}, redis_client, keys, WebSettings()).check_webhook("https://hooks.example.com/")
+        check_webhook("https://hooks.example.com/", SubmitLimits(max_bulk_queue=10))
     assert refused.value.code == "webhooks_disabled"
     with pytest.raises(BadInput) as refused:
-        JobsApi({}, redis_client, keys, WebSettings(webhook_secret=SECRET)).check_webhook("http://10.0.0.1/")
+        check_webhook("http://10.0.0.1/", SubmitLimits(max_bulk_queue=10, webhook_secret=SECRET))
     assert refused.value.code == "bad_webhook"
+    check_webhook("http://10.0.0.1/", SubmitLimits(max_bulk_queue=10, webhook_secret=SECRET,
+                                                    webhook_allow_hosts=["10.0.0.0/8"]))
 
 
 # -- claims, leases, retries -----------------------------------------------------

@@ -1,0 +1,180 @@
+"""The job store: async and bulk jobs in Redis, created, replayed, read, cancelled and paged.
+
+Plain Redis with explicit arguments, no web framework: the web tier's routes
+(web/jobs.py) parse a request, call this, and render what it returns.
+
+A job is created whole, its record and every item payload in one MULTI/EXEC
+(common/jobs.py has the record's fields): a web process that dies after
+answering loses nothing, and one that dies before leaves nothing half made.
+An Idempotency-Key (per model) names the job it made for the job TTL: a
+second submit with it gets that job back, or a Conflict when its body
+differs; concurrent submits with one key make one job (WATCH on the key).
+
+A job id starts with its creation time, so a job that expired (410) is told
+from one that never was (404) without a tombstone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from funnel.common import jobs, lua_scripts
+from funnel.common.errors import FunnelError, NotFound, Overloaded
+from funnel.common.keys import Keys
+from funnel.common.wire import Job, encode_job, now_ms
+
+PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
+ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them
+RESULTS_CHUNK = 1000  # results per HMGET while streaming: a large job never sits in memory whole
+
+
+class Gone(FunnelError):
+    status, code = 410, "job_expired"
+
+
+class Conflict(FunnelError):
+    status, code = 422, "idempotency_key_reused"
+
+
+class OnCluster(FunnelError):
+    """A job's record, its results and the due webhooks are written together by one script, and
+    the webhook deliverer reads job records by name: a cluster refuses both across slots
+    (docs/redis.md)."""
+
+    status, code = 501, "unsupported_on_cluster"
+
+    def __init__(self) -> None:
+        super().__init__("async and bulk jobs are not available on a Redis Cluster deployment; send "
+                         "interactive predicts, or use a single Redis (or Sentinel)")
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int):
+        self.client, self.keys, self.ttl_s = client, keys, ttl_s
+        self._cancel = lua_scripts.register(client, "cancel")
+
+    def usable(self) -> None:
+        """OnCluster on a Redis Cluster; every other method checks it first."""
+        if self.keys.cluster:
+            raise OnCluster()
+
+    # -- create ----------------------------------------------------------------
+
+    def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict]) -> list[bytes]:
+        """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
+        replying into the job's results hash. Encoded one by one, so only the wire bytes of every
+        item are held, not their tensors too."""
+        results = self.keys.job_results(job_id)
+        return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, inputs=item, reply_to=results,
+                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms))
+                for i, item in enumerate(inputs)]
+
+    def check_room(self, model: str, adding: int, max_bulk_queue: int) -> None:
+        """Overloaded (503) when `adding` more items would make the model's bulk queue longer than
+        max_bulk_queue."""
+        self.usable()
+        queued: int = self.client.llen(self.keys.bulk(model))
+        if queued + adding > max_bulk_queue:
+            raise Overloaded(f"the {model} bulk queue holds {queued} items; {adding} more would pass "
+                             f"its limit of {max_bulk_queue}; retry later", retry_after=30)
+
+    def create(self, job_id: str, model: str, created_ms: int, payloads: list[bytes], body_sha256: str,
+               webhook: str | None = None, idempotency_key: str | None = None) -> tuple[jobs.Record, bool]:
+        """Write the record and queue every item in one transaction: (the record, False). With an
+        Idempotency-Key that a concurrent submit used first: (that job's record, True), nothing
+        written; Conflict if that submit's body differed."""
+        self.usable()
+        ttl_ms = self.ttl_s * 1000
+        record: dict = {
+            "model": model, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
+            "created_ms": created_ms, "finished_ms": 0, "ttl_ms": ttl_ms, "state": "active",
+            "body_sha256": body_sha256, **({"webhook_url": webhook} if webhook else {})}
+        idem = self._idempotency(model, idempotency_key) if idempotency_key is not None else None
+        job, bulk = self.keys.job(job_id), self.keys.bulk(model)
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    if idem:
+                        pipe.watch(idem)  # a key set since by another submit fails the EXEC
+                        existing = self._replay(pipe, idem, body_sha256)
+                        if existing is not None:
+                            return existing, True
+                    pipe.multi()
+                    pipe.hset(job, mapping=record)
+                    pipe.pexpire(job, ttl_ms)
+                    for start in range(0, len(payloads), PUSH_CHUNK):
+                        pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
+                    if idem:
+                        pipe.set(idem, job_id, px=ttl_ms)
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    continue  # the key changed between WATCH and EXEC: read it again
+        return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+
+    def replay(self, model: str, idempotency_key: str, body_sha256: str) -> jobs.Record | None:
+        """The live job this Idempotency-Key made for `model`, else None; Conflict when it was made
+        from another body."""
+        self.usable()
+        return self._replay(self.client, self._idempotency(model, idempotency_key), body_sha256)
+
+    def _idempotency(self, model: str, idempotency_key: str) -> str:
+        # Hashed: a client's key may be any text, a Redis key name stays short and plain.
+        return self.keys.idempotency(model, hashlib.sha256(idempotency_key.encode()).hexdigest()[:48])
+
+    def _replay(self, conn: Any, idem: str, body_sha256: str) -> jobs.Record | None:
+        job_id = conn.get(idem)
+        if job_id is None:
+            return None
+        job_id = job_id.decode()
+        raw = conn.hgetall(self.keys.job(job_id)) if jobs.is_job_id(job_id) else {}
+        if not raw:
+            return None  # its job expired: this key makes a new one
+        record = jobs.Record.parse(job_id, raw)
+        if record.body_sha256 != body_sha256:
+            raise Conflict("this Idempotency-Key was used with a different body")
+        return record
+
+    # -- read, cancel ------------------------------------------------------------
+
+    def load(self, job_id: str, offset: int = 0, limit: int = 0) -> tuple[jobs.Record, list[bytes | None]]:
+        """The job's record and the result payloads of items offset to offset + limit (fewer past
+        its last item; None for one not answered yet), read together. NotFound (404) for a job
+        that never was, Gone (410) for one past its TTL."""
+        self.usable()
+        if not jobs.is_job_id(job_id):
+            raise NotFound(f"no job {job_id!r}", code="unknown_job")
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.job(job_id))
+        if limit:
+            pipe.hmget(self.keys.job_results(job_id), list(range(offset, offset + limit)))
+        raw, *rest = pipe.execute()
+        if not raw:
+            if jobs.created_ms_of(job_id) + self.ttl_s * 1000 <= now_ms():
+                raise Gone(f"job {job_id} has expired: jobs are kept {self.ttl_s} s after their last progress")
+            raise NotFound(f"no job {job_id!r}", code="unknown_job")
+        record = jobs.Record.parse(job_id, raw)
+        payloads = rest[0][:max(0, record.total - offset)] if rest else []
+        return record, payloads
+
+    def cancel(self, job_id: str) -> jobs.Record:
+        """Cancel the job unless every item is answered (its webhook becomes due), and its record
+        after; NotFound or Gone as load()."""
+        self.usable()
+        if not jobs.is_job_id(job_id):
+            raise NotFound(f"no job {job_id!r}", code="unknown_job")
+        self._cancel(keys=[self.keys.job(job_id), self.keys.webhooks_due()], args=[now_ms(), job_id])
+        return self.load(job_id)[0]
+
+    def result_pages(self, record: jobs.Record, offset: int = 0,
+                     chunk: int = RESULTS_CHUNK) -> Iterator[list[bytes | None]]:
+        """The job's result payloads from offset to its last item, `chunk` at a time, one HMGET
+        each; None for an item not answered yet."""
+        self.usable()
+        key = self.keys.job_results(record.id)
+        for start in range(offset, record.total, chunk):
+            yield self.client.hmget(key, list(range(start, min(start + chunk, record.total))))  # type: ignore[misc]

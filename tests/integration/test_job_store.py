@@ -1,0 +1,244 @@
+"""The job store (common/job_store.py) and the submit (common/job_submit.py) against a real
+redis-server: a job created whole, replayed by Idempotency-Key (same body: the job; another body:
+422), concurrent submits with one key making one job, unknown (404) against expired (410) ids,
+cancel, pages of results, the bulk queue's limit, a bad item named by its index."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from funnel.common import jobs, tasks
+from funnel.common.errors import BadInput, NotFound, Overloaded
+from funnel.common.job_store import Conflict, Gone, JobStore, OnCluster
+from funnel.common.job_submit import SubmitLimits, submit
+from funnel.common.keys import Keys
+from funnel.common.store import load_spec
+from funnel.common.wire import Reply, decode_job, now_ms
+from funnel.worker.reply import answer
+
+MODEL = "text-embedding"
+TTL_S = 60
+LIMITS = SubmitLimits(max_bulk_queue=1000, webhook_secret="secret", webhook_allow_hosts=["127.0.0.1"])
+HOOK = "http://127.0.0.1:9/hook"
+
+
+@pytest.fixture(scope="module")
+def task(model_store):
+    return tasks.load(load_spec(model_store, MODEL))
+
+
+@pytest.fixture()
+def store(redis_client, keys) -> JobStore:
+    return JobStore(redis_client, keys, TTL_S)
+
+
+def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, model=MODEL):
+    """submit() as a route calls it: the raw body defaults to the texts themselves."""
+    raw = body if body is not None else "\n".join(texts).encode()
+    return submit(store, task, model, texts, limits, key, webhook, raw)
+
+
+def reply_to(redis_client, keys, job_id: str, *indices: int, ok: bool = True) -> None:
+    """Items answered as a worker answers them (worker/reply.py)."""
+    results = keys.job_results(job_id)
+    replies = [(results, Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
+                if ok else Reply.failure(jobs.item_id(job_id, i), "bad_input", "no")) for i in indices]
+    answer(redis_client, keys, "w1", MODEL, replies, [], 60)
+
+
+def test_a_job_is_created_whole(store, task, redis_client, keys):
+    texts = ["first passage", "second passage", "third passage"]
+    record, replayed = make(store, task, texts, webhook=HOOK)
+    assert not replayed and jobs.is_job_id(record.id)
+    assert (record.model, record.total, record.state, record.webhook_url) == (MODEL, 3, "queued", HOOK)
+    loaded, payloads = store.load(record.id, 0, 10)
+    assert loaded == record and payloads == [None, None, None]
+    queued = [decode_job(raw) for raw in redis_client.lrange(keys.bulk(MODEL), 0, -1)[::-1]]  # oldest first
+    assert [j.id for j in queued] == [jobs.item_id(record.id, i) for i in range(3)]
+    assert all(j.reply_to == keys.job_results(record.id) and j.model == MODEL for j in queued)
+    assert queued[1].inputs["input_ids"].tolist() == task.preprocess(texts[1])["input_ids"].tolist()
+    assert 0 < redis_client.pttl(keys.job(record.id)) <= TTL_S * 1000
+
+
+def test_a_bad_item_fails_the_submit_by_index_and_writes_nothing(store, task, redis_client, keys):
+    with pytest.raises(BadInput) as bad:
+        make(store, task, ["fine", "   ", "fine too"])
+    assert bad.value.message.startswith("item 1:")
+    assert redis_client.dbsize() == 0
+
+
+def test_replayed_by_idempotency_key_with_the_same_body_refused_with_another(store, task, redis_client, keys):
+    texts = ["idem one", "idem two"]
+    first, replayed = make(store, task, texts, key="order-17")
+    assert not replayed
+    again, replayed = make(store, task, texts, key="order-17")
+    assert replayed and again.id == first.id
+    assert redis_client.llen(keys.bulk(MODEL)) == 2  # queued once
+    with pytest.raises(Conflict) as conflict:
+        make(store, task, texts[:1], key="order-17")
+    assert (conflict.value.status, conflict.value.code) == (422, "idempotency_key_reused")
+    with pytest.raises(Conflict):  # the webhook is part of what a retry must repeat
+        make(store, task, texts, key="order-17", webhook=HOOK)
+    other, replayed = make(store, task, texts, key="order-18")
+    assert not replayed and other.id != first.id
+    assert store.replay(MODEL, "order-17", first.body_sha256) == first
+    assert store.replay(MODEL, "never-used", first.body_sha256) is None
+    redis_client.delete(keys.job(first.id))  # its job gone: the key makes a new one
+    renewed, replayed = make(store, task, texts, key="order-17")
+    assert not replayed and renewed.id not in (first.id, other.id)
+
+
+def test_an_idempotency_key_is_per_model(store, task, redis_client, keys):
+    texts = ["per model"]
+    first, _ = make(store, task, texts, key="shared")
+    second, replayed = make(store, task, texts, key="shared", model="another-model")
+    assert not replayed and second.id != first.id and second.model == "another-model"
+
+
+def test_a_bad_idempotency_key_is_a_400(store, task):
+    for key in ("", "k" * 256):
+        with pytest.raises(BadInput) as bad:
+            make(store, task, ["text"], key=key)
+        assert bad.value.code == "bad_idempotency_key"
+
+
+def job_records(redis_client, keys) -> int:
+    return sum(not k.endswith(b":results") for k in redis_client.keys(keys.job_prefix() + "*"))
+
+
+class Raced(JobStore):
+    """A store whose create sees another submit with the same key commit between its WATCH and
+    its EXEC: the interleaving WATCH exists for, made to happen every time."""
+
+    def __init__(self, client, keys, ttl_s, rival: JobStore, rival_job: dict):
+        super().__init__(client, keys, ttl_s)
+        self.rival, self.rival_job, self.raced = rival, rival_job, False
+
+    def _replay(self, conn, idem, body_sha256):
+        found = super()._replay(conn, idem, body_sha256)
+        if found is None and not self.raced and conn is not self.client:  # inside create's WATCH
+            self.raced = True
+            self.rival.create(**self.rival_job)
+        return found
+
+
+def test_a_submit_that_loses_the_race_for_its_key_answers_the_winners_job(task, redis_server, redis_client, keys):
+    rival = JobStore(redis.Redis.from_url(redis_server.url), keys, TTL_S)
+    winner_id = jobs.new_job_id()
+    payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [task.preprocess("the winner")])
+    raced = Raced(redis_client, keys, TTL_S, rival, dict(
+        job_id=winner_id, model=MODEL, created_ms=now_ms(), payloads=payloads, body_sha256="same",
+        idempotency_key="race"))
+    loser_id = jobs.new_job_id()
+    record, replayed = raced.create(loser_id, MODEL, now_ms(), [b"loser item"], "same", idempotency_key="race")
+    assert raced.raced and replayed and record.id == winner_id
+    assert not redis_client.exists(keys.job(loser_id))
+    assert redis_client.lrange(keys.bulk(MODEL), 0, -1) == payloads  # the winner's item only
+
+
+def all_at_once(stores, task, texts, key) -> list[tuple[jobs.Record, bool]]:
+    """The same submit from each store's thread, released together; every answer."""
+    start, answers, errors = threading.Barrier(len(stores)), [], []
+
+    def one(store):
+        start.wait()
+        try:
+            answers.append(make(store, task, texts, key=key))
+        except Exception as exc:  # surfaced below: a thread's exception would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors and len(answers) == len(stores)
+    return answers
+
+
+def test_concurrent_submits_with_one_key_make_one_job(task, redis_server, redis_client, keys):
+    """Rounds of 8 threads sending the same submit at once, each round with its own key."""
+    texts, rounds = ["concurrent one", "concurrent two"], 20
+    stores = [JobStore(redis.Redis.from_url(redis_server.url), keys, TTL_S) for _ in range(8)]
+    for round_ in range(rounds):
+        answers = all_at_once(stores, task, texts, f"together-{round_}")
+        assert len({record.id for record, _ in answers}) == 1, round_
+        assert sum(not replayed for _, replayed in answers) == 1
+    assert redis_client.llen(keys.bulk(MODEL)) == len(texts) * rounds
+    assert job_records(redis_client, keys) == rounds
+
+
+def test_unknown_ids_are_404_and_expired_ones_410(store, task, redis_client, keys):
+    for unknown in ("not-a-job", "f" * 32, jobs.new_job_id()):
+        with pytest.raises(NotFound) as missing:
+            store.load(unknown)
+        assert missing.value.code == "unknown_job"
+    for old in ("0" * 12 + "f" * 20, jobs.new_job_id(now_ms() - TTL_S * 1000 - 1000)):
+        with pytest.raises(Gone) as gone:
+            store.load(old)
+        assert (gone.value.status, gone.value.code) == (410, "job_expired")
+    with pytest.raises(Gone):
+        store.cancel("0" * 12 + "f" * 20)
+    with pytest.raises(NotFound):
+        store.cancel("f" * 32)
+
+
+def test_a_job_past_its_ttl_is_gone(task, redis_client, keys):
+    store = JobStore(redis_client, keys, ttl_s=1)
+    record, _ = make(store, task, ["short lived"])
+    assert store.load(record.id)[0].state == "queued"
+    deadline = time.monotonic() + 5
+    while redis_client.exists(keys.job(record.id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(max(0.0, (record.created_ms + 1000 - now_ms()) / 1000))
+    with pytest.raises(Gone):
+        store.load(record.id)
+
+
+def test_cancel_stops_a_running_job_but_not_a_finished_one(store, task, redis_client, keys):
+    record, _ = make(store, task, ["a", "b", "c"], webhook=HOOK)
+    reply_to(redis_client, keys, record.id, 0)
+    cancelled = store.cancel(record.id)
+    assert (cancelled.state, cancelled.done, cancelled.webhook_state) == ("cancelled", 1, "pending")
+    assert redis_client.zscore(keys.webhooks_due(), record.id) is not None
+    assert store.load(record.id)[0].state == "cancelled"
+    finished, _ = make(store, task, ["d"])
+    reply_to(redis_client, keys, finished.id, 0)
+    assert store.cancel(finished.id).state == "done"  # every item answered: nothing to cancel
+
+
+def test_pages_of_results_in_input_order(store, task, redis_client, keys):
+    record, _ = make(store, task, [f"page {i}" for i in range(5)])
+    reply_to(redis_client, keys, record.id, 0, 2, 4)
+    reply_to(redis_client, keys, record.id, 3, ok=False)
+    loaded, payloads = store.load(record.id, 1, 10)
+    assert (loaded.done, loaded.failed, loaded.state) == (4, 1, "running")
+    assert len(payloads) == 4 and payloads[0] is None and payloads[1] and payloads[3]  # items 1..4
+    assert store.load(record.id, 5, 10)[1] == [] and store.load(record.id, 0, 0)[1] == []
+    pages = list(store.result_pages(loaded, 0, chunk=2))
+    assert [len(p) for p in pages] == [2, 2, 1]
+    assert [p is not None for page in pages for p in page] == [True, False, True, True, True]
+    assert sum(store.result_pages(loaded, 3, chunk=2), []) == payloads[2:]
+
+
+def test_the_bulk_queue_limit_refuses_a_submit_whole(store, task, redis_client, keys):
+    limits = SubmitLimits(max_bulk_queue=4)
+    make(store, task, ["one", "two", "three"], limits=limits)
+    with pytest.raises(Overloaded) as full:
+        make(store, task, ["four", "five"], limits=limits)
+    assert full.value.status == 503 and full.value.retry_after == 30
+    assert redis_client.llen(keys.bulk(MODEL)) == 3 and job_records(redis_client, keys) == 1
+
+
+def test_on_a_cluster_every_call_is_refused(task, redis_client):
+    store = JobStore(redis_client, Keys("funnel", cluster=True), TTL_S)
+    for call in (store.usable, lambda: store.load("f" * 32), lambda: store.cancel("f" * 32),
+                 lambda: make(store, task, ["x"])):
+        with pytest.raises(OnCluster) as refused:
+            call()
+        assert (refused.value.status, refused.value.code) == (501, "unsupported_on_cluster")

@@ -1,0 +1,77 @@
+"""The Lua scripts' home (common/lua/, common/lua_scripts.py): every script compiles in a real
+Redis, its header names every KEYS[i] and ARGV[i] it reads and what it returns, snippets are
+included, and the files ship in the package."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+
+import pytest
+
+from funnel.common import lua_scripts
+from tests.conftest import ROOT
+
+SNIPPETS = {"webhook_due"}  # a function for other scripts, not a script of its own
+SCRIPTS = sorted(set(lua_scripts.names()) - SNIPPETS)
+HEADER_ENTRY = re.compile(r"^-- (KEYS|ARGV)\[(\d+)(\.\.[^\]]*)?\]", re.MULTILINE)
+
+
+def header_and_body(name: str) -> tuple[str, str]:
+    """A file's opening comment block, and the rest."""
+    lines = (lua_scripts.HOME / f"{name}.lua").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if not line.startswith("--"))
+    return "\n".join(lines[:cut]), "\n".join(lines[cut:])
+
+
+def test_every_script_and_snippet_has_a_file():
+    assert SCRIPTS == ["cancel", "choose_device", "push", "recovery_claim", "store_results", "take",
+                       "webhook_claim", "webhook_settle"]
+    assert set(lua_scripts.names()) >= SNIPPETS
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_compiles_in_redis(redis_client, name):
+    sha = redis_client.script_load(lua_scripts.source(name))
+    assert redis_client.script_exists(sha) == [True]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_header_names_every_key_and_argument_it_reads(name):
+    header, body = header_and_body(name)
+    assert header.startswith(f"-- {name}.lua: "), "the header opens with the file's name and what it does"
+    assert re.search(r"^-- Returns\b", header, re.MULTILINE), "the header says what it returns"
+    named: dict[str, set[int]] = {"KEYS": set(), "ARGV": set()}
+    open_from: dict[str, int] = {}  # KEYS[n..]: every index from n on
+    for kind, index, span in HEADER_ENTRY.findall(header):
+        if span:
+            open_from[kind] = min(open_from.get(kind, 1 << 30), int(index))
+        else:
+            named[kind].add(int(index))
+    for kind in ("KEYS", "ARGV"):
+        used = {int(i) for i in re.findall(rf"\b{kind}\[(\d+)\]", body)}
+        missing = {i for i in used if i not in named[kind] and i < open_from.get(kind, 1 << 30)}
+        assert not missing, f"{kind}{sorted(missing)} used but not in the header"
+        listed = named[kind] | ({open_from[kind]} if kind in open_from else set())
+        assert listed == set(range(1, max(listed, default=0) + 1)), f"{kind} entries skip an index"
+        computed = re.search(rf"#{kind}\b|unpack\({kind}|\b{kind}\[[a-z]", body)
+        assert not computed or kind in open_from, f"{kind} read at computed indices needs a KEYS[n..] entry"
+
+
+def test_an_included_snippet_comes_first_once():
+    for name in ("cancel", "store_results"):
+        text = lua_scripts.source(name)
+        assert text.startswith(lua_scripts.source("webhook_due"))
+        assert text.count("local function webhook_due") == 1
+    header, body = header_and_body("webhook_due")
+    assert not re.search(r"\b(KEYS|ARGV)\[", body), "a snippet takes its keys as arguments"
+
+
+def test_the_lua_files_ship_in_the_package():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"]["funnel.common"] == "common"
+    patterns = config["package-data"]["funnel.common"]
+    for path in lua_scripts.HOME.glob("*.lua"):
+        relative = path.relative_to(ROOT / "common").as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
