@@ -19,8 +19,7 @@ import redis
 from funnel.common.keys import Keys
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
-INFO_FIELDS = ("model", "backend", "device", "batch_size", "linger_ms", "linger_mode", "pid", "host",
-               "started", "seen")
+INFO_FIELDS = ("model", "backend", "device", "batch_size", "linger_ms", "pid", "host", "started", "seen")
 
 # Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
 COUNTERS = {

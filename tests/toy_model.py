@@ -1,14 +1,18 @@
 """The toy scorer of tests/third_party/toyscore: its ONNX graph, its expected answers, and `funnel add` for it.
 
-Used by the your-own-model test and by the load-shedding test (whose PacedScore
-variant runs at a fixed speed).
+Used by the your-own-model test, and in its PacedScore variant (a run that takes
+a known time, whatever the CPU does) by the load-shedding test, the batching
+test (a batch's fixed cost the adaptive linger learns) and the worker-crash
+tests (a worker that holds its batch long enough to be killed mid-batch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +67,27 @@ def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:Vect
     (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
     return funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "toy.onnx"),
                   "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())
+
+
+def add_paced(store: Path, work: Path, name: str, batch_s: float, item_s: float = 0.0,
+              batch_size: int = 8) -> None:
+    """`funnel add` the PacedScore variant: each batch takes batch_s + item_s per item, on any machine."""
+    done = add_toy(store, work, name, "toyscore.tasks:PacedScore", "--set", f"pace_batch_s={batch_s!r}",
+                   "--set", f"pace_item_s={item_s!r}", "--batch-size", str(batch_size))
+    assert done.returncode == 0, done.stderr
+
+
+@contextlib.contextmanager
+def importable() -> Iterator[None]:
+    """The toy's package importable in this process (a worker run in a thread loads its task here)."""
+    sys.path.insert(0, str(PACKAGE_DIR))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(PACKAGE_DIR))
+
+
+def vectors(n: int, seed: int = 0) -> list[list[float]]:
+    """n distinct inputs for the toy scorer, exact in float32 and JSON alike."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-4096, 4096, size=(n, 4)) / 1024).tolist()

@@ -7,8 +7,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,10 +21,15 @@ from funnel.common.connection import scan_keys
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.scripts.stack import Stack
+from tests import toy_model
 from tests.conftest import http, metric
 
 TEXT = "text-embedding"
 FAST_HEARTBEAT = {"FUNNEL_HEARTBEAT_TTL_S": "2"}
+# tests/third_party/toyscore's PacedScore: its workers and web tier need PACED_ENV to import it.
+PACED = "paced-score"
+PACE_S = 1.5
+PACED_ENV = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
 
 
 @dataclass
@@ -68,13 +75,31 @@ def expected_embeddings(model_store):
 
 def send_texts(stack: Stack, batch: list[str], expected: dict, outcome: Outcome,
                clients: int = 16, progress: threading.Semaphore | None = None) -> None:
-    url = f"{stack.url}/v1/models/{TEXT}/predict"
+    """POST each text to the text model, checking each 200's embedding against expected[text]."""
+    send(stack, TEXT, batch, lambda text: {"text": text},
+         lambda text, body: np.allclose(body["embedding"], expected[text], atol=1e-4),
+         outcome, clients, progress)
 
-    def one(text: str) -> None:
+
+def send_vectors(stack: Stack, batch: list[list[float]], expected: dict, outcome: Outcome,
+                 clients: int = 16, progress: threading.Semaphore | None = None) -> None:
+    """POST each vector to the paced toy scorer (PACED), checking each 200's scores against
+    expected[tuple(vector)] (paced_expected)."""
+    send(stack, PACED, batch, lambda vector: {"input": vector},
+         lambda vector, body: np.allclose(body["scores"], expected[tuple(vector)], atol=1e-5),
+         outcome, clients, progress)
+
+
+def send(stack: Stack, model: str, batch: list, body: Callable[[Any], dict], correct: Callable[[Any, dict], bool],
+         outcome: Outcome, clients: int, progress: threading.Semaphore | None) -> None:
+    """POST one request per item of batch from `clients` threads, adding each to outcome."""
+    url = f"{stack.url}/v1/models/{model}/predict"
+
+    def one(item) -> None:
         started = time.monotonic()
-        status, body, _ = http("POST", url, json_body={"text": text}, timeout=60)
-        correct = status != 200 or np.allclose(body["embedding"], expected[text], atol=1e-4)
-        outcome.add(status, time.monotonic() - started, correct)
+        status, answer, _ = http("POST", url, json_body=body(item), timeout=60)
+        ok = status != 200 or correct(item, answer)
+        outcome.add(status, time.monotonic() - started, ok)
         if progress:
             progress.release()
 
@@ -82,13 +107,28 @@ def send_texts(stack: Stack, batch: list[str], expected: dict, outcome: Outcome,
         list(pool.map(one, batch))
 
 
+def paced_expected(batch: list[list[float]]) -> dict[tuple[float, ...], np.ndarray]:
+    """The toy scorer's answer to each vector, computed with numpy."""
+    return dict(zip(map(tuple, batch), toy_model.expected_scores(np.array(batch))))
+
+
+@pytest.fixture(scope="session")
+def paced_store(tmp_path_factory):
+    """A store holding PACED: the toy scorer whose every batch takes PACE_S (and batches of up to 64),
+    so that a worker holds the jobs it took that long, on any machine."""
+    store = tmp_path_factory.mktemp("paced-store")
+    toy_model.add_paced(store, tmp_path_factory.mktemp("paced"), PACED, batch_s=PACE_S, batch_size=64)
+    return store
+
+
 @contextlib.contextmanager
-def load_running(stack: Stack, batch: list[str], expected: dict, clients: int,
+def load_running(stack: Stack, batch: list, expected: dict, clients: int,
                  outcome: Outcome | None = None, progress: threading.Semaphore | None = None,
-                 timeout_s: float = 120):
-    """send_texts in a background thread while the block runs; joined (bounded) on the way out."""
+                 timeout_s: float = 120, sender=send_texts):
+    """sender (send_texts, send_vectors) in a background thread while the block runs; joined
+    (bounded) on the way out."""
     outcome = outcome or Outcome()
-    thread = threading.Thread(target=send_texts, args=(stack, batch, expected, outcome, clients, progress))
+    thread = threading.Thread(target=sender, args=(stack, batch, expected, outcome, clients, progress))
     thread.start()
     try:
         yield outcome

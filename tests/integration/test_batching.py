@@ -14,8 +14,11 @@ from funnel.common.store import load_spec
 from funnel.common.wire import Job
 from funnel.worker.main import serve
 from funnel.worker.settings import WorkerSettings
+from tests import toy_model
 
 MODEL = "text-embedding"
+PACED = "paced-score"  # tests/third_party/toyscore's PacedScore: every batch takes PACE_S, whatever its size
+PACE_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +26,19 @@ def spec(model_store):
     return load_spec(model_store, MODEL)
 
 
+@pytest.fixture(scope="module")
+def paced_store(tmp_path_factory):
+    """A store holding the paced toy scorer, its task importable by the worker run in a thread."""
+    store = tmp_path_factory.mktemp("paced-store")
+    toy_model.add_paced(store, tmp_path_factory.mktemp("paced"), PACED, batch_s=PACE_S, batch_size=64)
+    with toy_model.importable():
+        yield store
+
+
 @contextmanager
-def running_worker(redis_server, model_store, **flags):
-    argv = ["--model", MODEL, "--model-store", str(model_store), "--redis-url", redis_server.url,
-            "--worker-id", "test-worker", "--linger-mode", flags.pop("linger_mode", "fixed")]
+def running_worker(redis_server, model_store, model=MODEL, **flags):
+    argv = ["--model", model, "--model-store", str(model_store), "--redis-url", redis_server.url,
+            "--worker-id", "test-worker"]
     for name, value in flags.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
     stop = threading.Event()
@@ -47,8 +59,15 @@ def text_job(spec, text, keys, deadline_s=30.0, **inputs) -> Job:
                deadline=wire.now_ms() + int(deadline_s * 1000))
 
 
+def vector_job(keys, vector) -> Job:
+    job_id = uuid.uuid4().hex
+    return Job(id=job_id, model=PACED, inputs={"vector": np.asarray(vector, np.float32)},
+               reply_to=keys.reply(PACED, job_id), deadline=wire.now_ms() + 30_000)
+
+
 def push(client, keys, jobs):
-    client.lpush(keys.queue(MODEL), *[wire.encode_job(j) for j in jobs])
+    """LPUSH the jobs in one command: a worker's take finds them all queued at once."""
+    client.lpush(keys.queue(jobs[0].model), *[wire.encode_job(j) for j in jobs])
 
 
 def await_reply(client, job, timeout=30):
@@ -73,21 +92,55 @@ def test_fifty_queued_jobs_run_as_16_16_16_2(redis_client, redis_server, model_s
     assert redis_client.llen(keys.queue(MODEL)) == 0
 
 
-def test_a_single_job_waits_at_most_the_linger(redis_client, redis_server, model_store, spec, keys):
-    with running_worker(redis_server, model_store, batch_size=16, linger_ms=300):
-        assert_worker_registered(redis_client, keys)
-        job = text_job(spec, "alone", keys)
-        started = time.monotonic()
+@contextmanager
+def paced_worker_expecting_more(client, server, store, keys, linger_ms):
+    """A paced worker (batches of up to 64) that has learned what lingering pays for.
+
+    Three bursts, each pushed in one command and so taken whole, run as batches
+    of 16, 4 and 8: from their timings (three batches of two sizes at least) the
+    worker fits a batch's fixed cost, PACE_S, and from their enqueue stamps it
+    sees jobs arriving far faster than one per PACE_S. The policy then waits
+    for more once it holds a job, bounded by linger_ms (63 more jobs at that
+    rate would take longer). Arrivals count for two seconds, so the block must
+    push its jobs promptly.
+    """
+    vectors = iter(toy_model.vectors(29, seed=1))
+    with running_worker(server, store, model=PACED, linger_ms=linger_ms):
+        assert_worker_registered(client, keys, PACED)
+        for size in (16, 4, 8):
+            burst = [vector_job(keys, next(vectors)) for _ in range(size)]
+            push(client, keys, burst)
+            assert {await_reply(client, job).batch_size for job in burst} == {size}
+        yield next(vectors)
+
+
+def test_a_single_job_waits_at_most_the_linger(redis_client, redis_server, paced_store, keys):
+    with paced_worker_expecting_more(redis_client, redis_server, paced_store, keys, linger_ms=200) as vector:
+        job = vector_job(keys, vector)
         push(redis_client, keys, [job])
         reply = await_reply(redis_client, job)
-        elapsed = time.monotonic() - started
     assert reply.ok and reply.batch_size == 1
-    assert 0.29 <= elapsed <= 0.3 + 1.0 + reply.infer_ms / 1000
+    np.testing.assert_allclose(reply.outputs["scores"], toy_model.expected_scores(np.array([vector]))[0],
+                               atol=1e-5)
+    # queue_ms: from its enqueue stamp to the batch's start, the take's wait included. It did
+    # wait for company (the policy expected more), but the maximum linger cut the wait short.
+    assert 0.19 <= reply.queue_ms / 1000 <= 0.2 + 0.15
 
 
-def test_adaptive_linger_does_not_make_a_lone_job_wait(redis_client, redis_server, model_store, spec,
-                                                       keys):
-    with running_worker(redis_server, model_store, batch_size=16, linger_ms=1000, linger_mode="adaptive"):
+def test_a_job_arriving_within_the_linger_joins_the_batch(redis_client, redis_server, paced_store, keys):
+    with paced_worker_expecting_more(redis_client, redis_server, paced_store, keys, linger_ms=300) as vector:
+        first, second = vector_job(keys, vector), vector_job(keys, [v + 1 for v in vector])
+        push(redis_client, keys, [first])
+        time.sleep(0.05)  # the worker holds the first job by now, and waits for more
+        push(redis_client, keys, [second])
+        replies = [await_reply(redis_client, first), await_reply(redis_client, second)]
+    assert [(r.ok, r.batch_size) for r in replies] == [(True, 2), (True, 2)]
+    assert 50 <= replies[0].queue_ms <= 300 + 150
+
+
+def test_the_linger_does_not_make_a_lone_job_wait(redis_client, redis_server, model_store, spec, keys):
+    """Without jobs arriving faster than merging them pays, a lone job never waits for company."""
+    with running_worker(redis_server, model_store, batch_size=16, linger_ms=1000):
         assert_worker_registered(redis_client, keys)
         for text in ("one", "two", "three"):
             job = text_job(spec, text, keys)
@@ -130,9 +183,9 @@ def await_one(client, keys, spec, text):
     return await_reply(client, job).outputs["embedding"]
 
 
-def assert_worker_registered(client, keys, timeout=30):
+def assert_worker_registered(client, keys, model=MODEL, timeout=30):
     deadline = time.monotonic() + timeout
-    while not client.exists(keys.worker(MODEL, "test-worker")):
+    while not client.exists(keys.worker(model, "test-worker")):
         assert time.monotonic() < deadline, "worker never registered"
         time.sleep(0.05)
 
