@@ -29,10 +29,13 @@ from funnel.scripts.stack import Stack
 from tests.conftest import http, jpeg_bytes
 
 SENTENCE = "A man is eating a piece of bread while the girl is carrying a baby."
-WRK_LUA = f"""
+BODY = f'{{"text": "{SENTENCE}"}}'
+# The same sentence through the Open Inference Protocol (/v2/models/text-embedding/infer).
+V2_BODY = f'{{"inputs": [{{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["{SENTENCE}"]}}]}}'
+WRK_LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{{"text": "{SENTENCE}"}}'
+wrk.body = '{body}'
 """
 
 
@@ -55,10 +58,10 @@ def latency_ms(url: str, n: int, **request) -> tuple[float, float]:
     return statistics.median(times), times[int(len(times) * 0.99) - 1]
 
 
-def wrk(url: str, connections: int, duration_s: int) -> dict:
+def wrk(url: str, connections: int, duration_s: int, body: str = BODY) -> dict:
     """requests/s and latency percentiles from wrk with a JSON POST body."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_LUA + """
+        script.write(WRK_LUA.format(body=body) + """
 done = function(summary, latency, requests)
   io.write(string.format("RESULT %d %d %d %f %f\\n", summary.requests, summary.errors.status,
     summary.duration, latency:percentile(50) / 1000, latency:percentile(99) / 1000))

@@ -6,10 +6,11 @@
 Each variant is a stack (private Redis, the web tier, one text-embedding
 worker) started with its own FUNNEL_* settings (both tiers get them: each takes
 what it declares, so a variant can change the worker too; WORKERS=N starts N
-workers for the model instead of one), or, named `bare...`, the
-floor: an app that parses the JSON and answers a constant under the same
-gunicorn settings (benchmarks/peers/bare_app.py, Flask, for gthread and gevent;
-benchmarks/peers/bare_asgi.py for asgi); every round starts each
+workers for the model instead of one; ROUTE=v2 sends the same sentence to
+/v2/models/text-embedding/infer instead of /v1's predict; PYTHONPATH=<a
+checkout's link tree> runs another version of Funnel), or, named `bare...`,
+the floor: an ASGI app that parses the JSON and answers a constant under the
+same gunicorn settings (benchmarks/peers/bare_asgi.py); every round starts each
 variant in turn (the order rotating), warms it, runs wrk with one sentence
 per POST at each number of clients, and reads the CPU seconds of the web processes (gunicorn master and
 workers), the worker and Redis from /proc over the run. Prints medians over
@@ -29,7 +30,7 @@ import time
 from types import SimpleNamespace
 
 from benchmarks import ROOT, save
-from benchmarks.core import in_process_ceiling, machine, wrk
+from benchmarks.core import BODY, V2_BODY, in_process_ceiling, machine, wrk
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.systems import gunicorn
 from funnel.common import settings as loader
@@ -53,11 +54,8 @@ def bare(env: dict[str, str]):
     """The bare app under the gunicorn settings Funnel's web tier would take from env."""
     settings = loader.load(WebSettings, [], environ=env)
     port = free_port()
-    if settings.worker_class == "asgi":
-        command = gunicorn("benchmarks.peers.bare_asgi:app", port, settings.processes, ["-k", "funnel.web.asgi.Worker"])
-    else:  # gunicorn's default of 1000 worker connections is web/server.py's too, for up to 250 threads.
-        command = gunicorn("benchmarks.peers.bare_app:app", port, settings.processes,
-                           ["-k", settings.worker_class, "--threads", str(settings.threads)])
+    command = gunicorn("benchmarks.peers.bare_asgi:app", port, settings.process_count(),
+                       ["-k", "funnel.web.transport.protocol.Worker"])
     web = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", web=web, workers=[], redis=None)
@@ -66,11 +64,12 @@ def bare(env: dict[str, str]):
         web.wait(10)
 
 
-def wait_for_answer(url: str, timeout_s: float = 60) -> None:
+def wait_for_answer(url: str, body: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            status, _, _ = http("POST", url, json_body={"text": "warm"}, timeout=5)
+            status, _, _ = http("POST", url, body=body.encode(), headers={"Content-Type": "application/json"},
+                                timeout=5)
             if status == 200:
                 return
         except OSError:
@@ -84,7 +83,7 @@ def start(name: str, env: dict[str, str]):
     if name.startswith("bare"):
         return bare(env)
     # Each process takes the settings it declares and ignores the rest: one variant can set both tiers.
-    env = dict(env)
+    env = {k: v for k, v in env.items() if k != "ROUTE"}
     workers = int(env.pop("WORKERS", 1))
     return Stack(models=[MODEL], web_env=env, worker_env=env, workers=[MODEL] * workers,
                  log_dir=ROOT / "benchmarks" / "results" / "tmp")
@@ -92,15 +91,17 @@ def start(name: str, env: dict[str, str]):
 
 def measure(name: str, env: dict[str, str], clients: list[int], duration_s: int) -> list[dict]:
     runs = []
+    v2 = env.get("ROUTE") == "v2"
+    body = V2_BODY if v2 else BODY
     with start(name, env) as stack:
-        url = f"{stack.url}/v1/models/{MODEL}/predict"
-        wait_for_answer(url)
-        wrk(url, clients[0], 3)  # warm-up
+        url = f"{stack.url}/v2/models/{MODEL}/infer" if v2 else f"{stack.url}/v1/models/{MODEL}/predict"
+        wait_for_answer(url, body)
+        wrk(url, clients[0], 3, body)  # warm-up
         groups = {"worker": [p.pid for p in stack.workers], "web": [stack.web.pid],
                   "redis": [stack.redis.process.pid] if stack.redis else []}
         for c in clients:
             before, busy = cpu_ticks(groups), machine_busy_s()
-            result = wrk(url, c, duration_s)
+            result = wrk(url, c, duration_s, body)
             spent = cpu_seconds(before, cpu_ticks(groups))
             busy = machine_busy_s() - busy
             requests = result["rps"] * duration_s

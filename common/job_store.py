@@ -1,7 +1,7 @@
 """The job store: async and bulk jobs in Redis, created, replayed, read, cancelled and paged.
 
 Plain Redis with explicit arguments, no web framework: the web tier's routes
-(web/jobs.py) parse a request, call this, and render what it returns.
+(web/protocols/jobs.py, through web/pipeline.py) parse a request, call this, and render what it returns.
 
 A job is created whole, its record and every item payload in one MULTI/EXEC
 (common/jobs.py has the record's fields): a web process that dies after

@@ -1,23 +1,17 @@
-"""A job's submit once its request is parsed: check, preprocess every item, create.
+"""What a job's submit is checked for before its items are: the Idempotency-Key, the webhook.
 
-One plain function, submit(), with explicit arguments and no web framework, so
-whatever reads the request (web/jobs.py's routes, or a request pipeline)
-hands it the items, the raw body and the headers' values and renders the
-record it returns.
+The submit itself is web/pipeline.py's submit_job: the same resolve and
+prepare steps as a predict, then the job store (common/job_store.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from funnel.common import jobs, webhooks
-from funnel.common.errors import BadInput, FunnelError
-from funnel.common.job_store import JobStore
-from funnel.common.tasks import Task
-from funnel.common.wire import now_ms
+from funnel.common import webhooks
+from funnel.common.errors import BadInput
 
 MAX_IDEMPOTENCY_KEY = 255
 WEBHOOK_HEADER = "Webhook-URL"
@@ -37,30 +31,13 @@ class SubmitLimits:
         return cls(settings.max_bulk_queue, settings.webhook_secret, list(settings.webhook_allow_hosts))
 
 
-def submit(store: JobStore, task: Task, model: str, items: list[Any], limits: SubmitLimits,
-           idempotency_key: str | None, webhook: str | None, body: bytes) -> tuple[jobs.Record, bool]:
-    """Make a job of these items: (its record, whether it is the job an earlier submit with this
-    Idempotency-Key made). `body` is the request's raw body, what a retried submit must repeat.
-
-    Raises BadInput for a bad key, webhook or item (named by its index), Overloaded when the bulk
-    queue has no room, Conflict for a key reused with another body, OnCluster on a cluster.
-    """
-    store.usable()
+def check(idempotency_key: str | None, webhook: str | None, limits: SubmitLimits) -> None:
+    """BadInput (400) for an Idempotency-Key of the wrong length or a webhook that may not be sent."""
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise BadInput(f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
                        code="bad_idempotency_key")
     if webhook is not None:
         check_webhook(webhook, limits)
-    body_sha = fingerprint(body, webhook)
-    if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
-        existing = store.replay(model, idempotency_key, body_sha)
-        if existing is not None:
-            return existing, True
-    created = now_ms()
-    job_id = jobs.new_job_id(created)
-    payloads = store.item_payloads(job_id, model, created, preprocess(task, items))
-    store.check_room(model, len(payloads), limits.max_bulk_queue)
-    return store.create(job_id, model, created, payloads, body_sha, webhook, idempotency_key)
 
 
 def check_webhook(url: str, limits: SubmitLimits) -> None:
@@ -79,15 +56,3 @@ def fingerprint(body: bytes, webhook: str | None) -> str:
     if webhook is not None:
         body += f"\n{WEBHOOK_HEADER}: {webhook}".encode()
     return hashlib.sha256(body).hexdigest()
-
-
-def preprocess(task: Task, items: list[Any]) -> Iterator[dict]:
-    """Each item's tensors, in turn; a bad item fails the whole submit, named by its index."""
-    for i, item in enumerate(items):
-        try:
-            yield task.preprocess(item)
-        except FunnelError as exc:
-            if len(items) > 1:
-                exc.message = f"item {i}: {exc.message}"
-                exc.args = (exc.message,)
-            raise

@@ -12,7 +12,6 @@ Redis the braces are just characters. Layout (docs/redis.md):
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
-    funnel:reply:{text-embedding}:<job id>     (FUNNEL_REPLY_INBOX=0: one request's reply)
 
 Keys read only by single-key commands (funnel:workers, funnel:device-claims)
 and the bulk jobs' keys (funnel:job:<id>..., funnel:webhooks) carry no tag.
@@ -54,8 +53,8 @@ class Keys:
         return f"{self.prefix}:queue:{tag(model)}"
 
     def reply(self, model: str, name: str) -> str:
-        """List of msgpack replies for jobs of `model`: one web process's inbox ("web-<hex>") or one
-        request's reply (its job id), with a TTL; in the model's slot, as its workers' reply MULTI needs."""
+        """List of msgpack replies for jobs of `model`: one web process's inbox ("web-<hex>"), or
+        a list of its own for jobs pushed by hand; in the model's slot, as its workers' reply MULTI needs."""
         return f"{self.prefix}:reply:{tag(model)}:{check_name(name)}"
 
     def is_reply(self, key: str, model: str) -> bool:

@@ -35,7 +35,7 @@ COUNTERS = {
 
 # How long the worker's batches take lately, fitted over its recent batches (exponentially
 # weighted) as seconds(n) = item_seconds * n + batch_seconds and refreshed on every heartbeat;
-# absent until its first batch. The web tier predicts a new job's wait from them (web/shedding.py).
+# absent until its first batch. The web tier predicts a new job's wait from them (web/queueing/shedding.py).
 COST_FIELDS = {
     "item_seconds": "seconds each item of a batch adds",
     "batch_seconds": "fixed seconds of one batch, whatever its size",

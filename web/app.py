@@ -1,7 +1,9 @@
-"""The Flask app: validate and preprocess, queue through the gateway, answer JSON.
+"""The Flask app: the page, the listings, the job routes, the probes and metrics.
 
-Imports nothing heavier than numpy, Pillow and tokenizers: no torch, no
-transformers, no onnxruntime in the web tier.
+Predict-like routes are the front's (transport/front.py), on the event loop;
+Flask answers every other route, in a2wsgi's threads. The web tier imports
+nothing heavier than numpy, Pillow and tokenizers: no torch, no transformers,
+no onnxruntime (tests/unit/test_web_imports.py).
 """
 
 from __future__ import annotations
@@ -10,31 +12,21 @@ import logging
 from pathlib import Path
 
 import redis
-from flask import Flask, Response, jsonify, render_template, request
+from flask import Flask, Response, jsonify, render_template
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from funnel.common import tasks
-from funnel.common.connection import connect, on_cluster
-from funnel.common.keys import Keys
 from funnel.common.registry import live_workers, queue_lengths
 from funnel.common.store import list_models, load_spec
 from funnel.common.tasks import Task
-from funnel.web import auth, errors, jobs, openapi, v2
+from funnel.web import auth, errors, openapi
 from funnel.web import metrics as web_metrics
-from funnel.web.gateway import Gateway
-from funnel.web.inbox import Inbox
-from funnel.web.inputs import served
 from funnel.web.jsonio import OrjsonProvider
-from funnel.web.predict import PredictPath, answer
+from funnel.web.pipeline import Pipeline
+from funnel.web.protocols import jobs, v2
 from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
-
-# With the reply inbox no command of the web tier blocks in Redis for long (the listener's BRPOP, 1 s):
-# a Redis that stops answering without closing its connections (paused, its host gone) costs a
-# request this long at most, then 503, and stalls an asgi process's event loop no longer.
-# Without the inbox each request's own BLPOP waits up to its deadline.
-HUNG_REDIS_S = 3.0
 
 
 def load_models(settings: WebSettings) -> dict[str, Task]:
@@ -63,16 +55,8 @@ def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
             "queue": queue_length, "workers": [w for w in workers if w.get("model") == task.spec.name]}
 
 
-def create_app(settings: WebSettings | None = None, client: redis.Redis | None = None) -> Flask:
-    settings = settings or WebSettings.load([])
-    models = load_models(settings)
-    client = client or connect(settings.redis_url, socket_timeout=HUNG_REDIS_S if settings.reply_inbox
-                               else settings.request_timeout_s + 5)
-    keys = Keys(settings.prefix, cluster=on_cluster(client))
-    inbox = Inbox(client, keys, on_unclaimed=web_metrics.UNCLAIMED.inc) if settings.reply_inbox else None
-    # redis-py's cluster pipeline refuses EVALSHA: on a cluster each request runs its push script itself.
-    gateway = Gateway(client, keys, settings.max_queue, inbox, settings.shed, settings.hold_without_workers,
-                      settings.outbox and not keys.cluster)
+def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
+    models, client, keys = pipeline.models, pipeline.client, pipeline.keys
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
@@ -80,29 +64,21 @@ def create_app(settings: WebSettings | None = None, client: redis.Redis | None =
     app.register_blueprint(openapi.blueprint)
     errors.install(app)
     auth.install(app, settings.api_keys)
-    app.register_blueprint(v2.create_blueprint(models, gateway, client, keys, settings.request_timeout_s,
-                                               settings.max_items))
-    web_metrics.install(app, set(models), settings.access_log)
-    jobs.install(app, models, client, keys, settings)  # after auth: its before_request answers async predicts
+    app.register_blueprint(v2.create_blueprint(models, pipeline.resolve, client, keys))
+    jobs.install(app, pipeline, settings)
 
     @app.get("/")
     def index():
         return render_template("index.html", models=[
             {**task.spec.public(), "input_kind": task.input_kind} for task in models.values()])
 
-    install_operations(app, client, keys, models)
-
-    @app.post("/v1/models/<name>/predict")
-    def predict(name: str):
-        return jsonify(answer(served(models, name), name, request, gateway, settings))
-
-    if settings.predict_path:  # the common predict skips Flask's request machinery (web/predict.py)
-        app.wsgi_app = PredictPath(app.wsgi_app, models, gateway, settings)  # type: ignore[method-assign]
+    install_operations(app, pipeline)
     return app
 
 
-def install_operations(app: Flask, client: redis.Redis, keys: Keys, models: dict[str, Task]) -> None:
+def install_operations(app: Flask, pipeline: Pipeline) -> None:
     """What probes, dashboards and operators read: health, readiness, the models, metrics."""
+    models, client, keys = pipeline.models, pipeline.client, pipeline.keys
 
     @app.get("/healthz")
     def healthz():
@@ -130,7 +106,7 @@ def install_operations(app: Flask, client: redis.Redis, keys: Keys, models: dict
 
     @app.get("/v1/models/<name>")
     def describe_model(name: str):
-        task = served(models, name)
+        task = pipeline.resolve(name)
         return jsonify(describe(task, live_workers(client, keys), queue_lengths(client, keys, [name])[name]))
 
     @app.get("/metrics")

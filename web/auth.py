@@ -1,14 +1,24 @@
 """API keys: with FUNNEL_API_KEYS set, every route but the probes, the page and the API document
-needs `Authorization: Bearer <key>`."""
+needs `Authorization: Bearer <key>`. The front checks predict-like routes (transport/front.py),
+Flask's hook the rest; both answer 401 in the route's protocol shape."""
 
 from __future__ import annotations
 
 import hmac
 
-from flask import Flask, jsonify, request
+from flask import Flask, request
+
+from funnel.common.errors import FunnelError
 
 # Probes (ours and the /v2 protocol's), the page and the API document stay open.
 OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document", "v2.live", "v2.ready")
+
+
+class Unauthorized(FunnelError):
+    status, code = 401, "unauthorized"
+
+    def __init__(self):
+        super().__init__("send a valid API key as 'Authorization: Bearer <key>'")
 
 
 def authorized(authorization: str, api_keys: list[str]) -> bool:
@@ -25,14 +35,6 @@ def authorized(authorization: str, api_keys: list[str]) -> bool:
 def install(app: Flask, api_keys: list[str]) -> None:
     @app.before_request
     def check_api_key():
-        if not api_keys or request.endpoint in OPEN_ENDPOINTS:
-            return None
-        if not authorized(request.headers.get("Authorization", ""), api_keys):
-            message = "send a valid API key as 'Authorization: Bearer <key>'"
-            # /v2 answers in the Open Inference Protocol's error shape, a string.
-            error = message if request.blueprint == "v2" else {"code": "unauthorized", "message": message}
-            response = jsonify({"error": error})
-            response.status_code = 401
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
-        return None
+        if api_keys and request.endpoint not in OPEN_ENDPOINTS \
+                and not authorized(request.headers.get("Authorization", ""), api_keys):
+            raise Unauthorized()

@@ -1,13 +1,11 @@
 """Every error answers JSON {"error": {"code", "message"}} with its status; 503s say when to retry.
 
 `render()` is the one place an exception becomes an answer: Flask's error
-handlers use it, and so does the predict path that answers without Flask
-(web/predict.py).
+handlers use it, and so do the protocol adapters the front answers with
+(protocols/v1.py, protocols/v2.py, in their own shapes).
 """
 
 from __future__ import annotations
-
-from http import HTTPStatus
 
 import redis
 from flask import Flask, jsonify, request
@@ -37,6 +35,8 @@ def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str
         exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
     if isinstance(exc, FunnelError):
         headers = [("Retry-After", retry_after(exc))] if exc.status == 503 else []
+        if exc.status == 401:
+            headers.append(("WWW-Authenticate", "Bearer"))
         return exc.status, exc.to_json(), headers
     if not isinstance(exc, HTTPException):
         exc = InternalServerError()
@@ -49,10 +49,6 @@ def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str
 def expected(exc: Exception) -> bool:
     """An error a client caused or Redis did, answered without a traceback in the log."""
     return isinstance(exc, (FunnelError, redis.RedisError, HTTPException))
-
-
-def status_line(status: int) -> str:
-    return f"{status} {HTTPStatus(status).phrase}"
 
 
 def retry_after(exc: FunnelError) -> str:

@@ -1,8 +1,7 @@
 """JSON answers through orjson: numpy arrays serialised directly, floats in their shortest form.
 
 Encoding a 384-float embedding with the standard json module was the largest
-single cost of a text request in the web tier (about a seventh of its
-GIL-holding time under load); orjson writes float32 arrays straight from
+single cost of a text request in the web tier (docs/performance.md); orjson writes float32 arrays straight from
 numpy, and shorter (float32 precision, not float64 digits).
 """
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 
 import redis
-from flask import Flask, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -24,7 +22,7 @@ from funnel.common.keys import Keys
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
-REQUESTS = Counter("funnel_requests", "HTTP predict requests by model and status", ["model", "status"])
+REQUESTS = Counter("funnel_requests", "HTTP predict and infer requests by model and status", ["model", "status"])
 LATENCY = Histogram("funnel_request_seconds", "predict latency, end to end in the web tier",
                     ["model"], buckets=LATENCY_BUCKETS)
 QUEUE_WAIT = Histogram("funnel_queue_wait_seconds", "time a job waited before its batch ran",
@@ -36,23 +34,6 @@ RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request
 
 
 access_log = logging.getLogger("funnel.web.access")
-
-
-def install(app: Flask, models: set[str], log_requests: bool) -> None:
-    """Count and time every predict request Flask answers (web/predict.py counts its own)."""
-    @app.before_request
-    def start_clock():
-        g.started = time.perf_counter()
-
-    @app.after_request
-    def count_request(response):
-        if request.endpoint in ("predict", "v2.infer"):  # /v1 and /v2 requests alike
-            name = (request.view_args or {}).get("name")
-            # A request refused by an earlier hook (no API key) never started the clock.
-            seconds = time.perf_counter() - g.get("started", time.perf_counter())
-            count(name if name in models else "unknown", response.status_code, seconds, request.content_length,
-                  log_requests)
-        return response
 
 
 def count(model: str, status: int, seconds: float, content_length: int | None, log: bool) -> None:

@@ -1,4 +1,8 @@
-"""`python -m web`: gunicorn serving the Flask app with the project's config."""
+"""`funnel-web` (or `python -m funnel.web`): gunicorn serving the front with the project's config.
+
+Each gunicorn process builds its own app after the fork (`application`): a Redis
+client, the pipeline with its inbox and outbox, the Flask app, the front.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,12 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from funnel.web import response
 from funnel.web.settings import WebSettings
+
+# No command of the web tier blocks in Redis for long (the inbox listener's BRPOP, 1 s): a Redis
+# that stops answering without closing its connections (paused, its host gone) costs a request
+# this long at most, then 503, and stalls a process's event loop no longer.
+HUNG_REDIS_S = 3.0
 
 
 def metrics_dir() -> str:
@@ -42,10 +50,7 @@ class WebServer(BaseApplication):
         s = self.settings
         self.cfg.set("bind", f"{s.host}:{s.port}")
         self.cfg.set("workers", s.process_count())
-        # Each waiting request holds a thread (gthread), a greenlet (gevent) or a future (asgi).
-        self.cfg.set("worker_class", "funnel.web.asgi.Worker" if s.worker_class == "asgi" else s.worker_class)
-        self.cfg.set("threads", s.threads)
-        self.cfg.set("worker_connections", max(1000, s.threads * 4))
+        self.cfg.set("worker_class", "funnel.web.transport.protocol.Worker")
         self.cfg.set("timeout", int(s.request_timeout_s) + 30)
         self.cfg.set("graceful_timeout", int(s.request_timeout_s) + 5)
         self.cfg.set("keepalive", 5)
@@ -56,18 +61,24 @@ class WebServer(BaseApplication):
         self.cfg.set("control_socket_disable", True)
 
     def load(self):
-        # Runs in each gunicorn worker after the fork: its own Redis pool.
-        from funnel.web.app import create_app
-
-        app: Any = create_app(self.settings)
-        if self.settings.worker_class == "asgi":
-            from funnel.web.asgi import Front
-
-            app = Front(app, self.settings)
+        app = application(self.settings)  # in each gunicorn process, after the fork
         # What is loaded by now (Flask, the tokenizers, numpy) lives as long as the process: frozen,
         # the collector's full passes walk only what requests allocate, not those objects too.
         gc.freeze()
         return app
+
+
+def application(settings: WebSettings) -> Any:
+    """The ASGI app one web process serves (tests build it in-process too)."""
+    from funnel.common.connection import connect, on_cluster
+    from funnel.common.keys import Keys
+    from funnel.web.app import create_app, load_models
+    from funnel.web.pipeline import Pipeline
+    from funnel.web.transport.front import Front
+
+    client = connect(settings.redis_url, socket_timeout=HUNG_REDIS_S)
+    pipeline = Pipeline(load_models(settings), client, Keys(settings.prefix, cluster=on_cluster(client)), settings)
+    return Front(create_app(settings, pipeline), pipeline, settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +86,5 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics_dir()
-    if settings.one_send:
-        response.install()
     WebServer(settings).run()
     return 0

@@ -27,23 +27,11 @@ class WebSettings(SharedSettings):
     limits: list[str] = setting([], "task limits to override, name=value comma-separated, e.g. "
                                 "max_chars=2000,max_pixels=1000000 (GET /v1/models shows each model's)")
     api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated (default: open)")
-    reply_inbox: bool = setting(True, "wait for replies through one shared inbox per process "
-                                "(off: one BLPOP per request, on a reply key of its own)")
-    one_send: bool = setting(True, "send each answer's headers with its body, in one send instead of two "
-                             "(web/response.py)")
-    outbox: bool = setting(True, "send the pushes of concurrent requests to Redis in one pipeline per "
-                           "round trip, from one sender per process (off: one round trip per request)")
-    predict_path: bool = setting(True, "answer the common predict (no async preference, no webhook) straight "
-                                 "from WSGI, without Flask's request context, routing and hooks (web/predict.py)")
     processes: int = setting(0, "gunicorn worker processes (0: one per two cores, at least two; one event "
                              "loop answers thousands of predicts a second, and a CPU-only host's worker needs "
                              "the other cores)")
-    worker_class: str = setting("asgi", "gunicorn worker class: gthread (a thread per waiting request), "
-                                "gevent (a greenlet per request) or asgi (uvicorn's worker: the common "
-                                "predict on an event loop, the rest through Flask in threads; web/asgi.py)",
-                                choices=["gthread", "gevent", "asgi"])
-    threads: int = setting(64, "threads per gunicorn process (each waits on one request); under asgi, the "
-                           "threads that run Flask's routes other than the common predict")
+    threads: int = setting(64, "threads per web process that run Flask's routes (the page, listings, jobs, "
+                           "probes); predicts are answered on the process's event loop")
     job_ttl_s: int = setting(86400, "seconds an async or bulk job and its results are kept after its last "
                              "progress (submit, or an item answered); then GET answers 410")
     max_job_items: int = setting(100_000, "most texts (or inputs) in one bulk job")
@@ -57,10 +45,10 @@ class WebSettings(SharedSettings):
         """FUNNEL_PROCESSES, or one per two of the cores this process may run on, at least two.
 
         Fewer, busier loops are cheaper per request: a process's Redis round trips and
-        wake-ups are shared by the requests waiting on it (benchmarks/README.md, stop 15).
-        But one alone turns a finished batch's answers and the requests they bring back
-        around one by one while the worker waits for them, and a process that dies leaves
-        nobody answering until gunicorn has started another (stop 16).
+        wake-ups are shared by the requests waiting on it. But one alone turns a finished
+        batch's answers and the requests they bring back around one by one while the worker
+        waits for them, and a process that dies leaves nobody answering until gunicorn has
+        started another (docs/performance.md).
         """
         return self.processes or max(2, len(os.sched_getaffinity(0)) // 2)
 

@@ -6,14 +6,12 @@ starts, with FAILOVER_LEDGER naming a folder. Python imports this module at
 start-up; it wraps two functions as their modules load, records job ids, and
 changes nothing else:
 
-- web: Inbox.collect and Inbox.collect_async (the asgi worker class), which the
-  gateway calls once Redis has acknowledged the push of a request's jobs:
-  `queued-<pid>` gets their ids;
+- web: Inbox.collect, which the pipeline calls once Redis has acknowledged the
+  push of a request's jobs: `queued-<pid>` gets their ids;
 - worker: reply.answer, once its transaction has been acknowledged:
   `answered-<pid>` gets the ids it answered.
 
-It imports nothing of Funnel's itself: the web's gevent workers must patch the
-standard library before Funnel's modules bind to it.
+It imports nothing of Funnel's itself: it only wraps what the processes import.
 """
 
 from __future__ import annotations
@@ -35,19 +33,11 @@ def _web(inbox) -> None:
     collect = inbox.Inbox.collect
 
     @functools.wraps(collect)
-    def recorded(self, waiter, job_ids, deadline):
+    async def recorded(self, waiter, job_ids, deadline):
         _record("queued", list(job_ids))
-        return collect(self, waiter, job_ids, deadline)
-
-    collect_async = inbox.Inbox.collect_async
-
-    @functools.wraps(collect_async)
-    async def recorded_async(self, waiter, job_ids, deadline):
-        _record("queued", list(job_ids))
-        return await collect_async(self, waiter, job_ids, deadline)
+        return await collect(self, waiter, job_ids, deadline)
 
     inbox.Inbox.collect = recorded
-    inbox.Inbox.collect_async = recorded_async
 
 
 def _worker(reply) -> None:
@@ -62,7 +52,7 @@ def _worker(reply) -> None:
     reply.answer = recorded  # before funnel.worker.main imports it by name
 
 
-PATCHES = {"funnel.web.inbox": _web, "funnel.worker.reply": _worker}
+PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker}
 
 
 class _PatchOnImport:

@@ -1,9 +1,8 @@
-"""The floor of the asgi worker class: parse the JSON body, answer a constant embedding, on the event loop.
+"""The web tier's floor: parse the JSON body, answer a constant embedding, on the event loop.
 
-    gunicorn -k funnel.web.asgi.Worker -w 2 -b 127.0.0.1:PORT benchmarks.peers.bare_asgi:app
+    gunicorn -k funnel.web.transport.protocol.Worker -w 2 -b 127.0.0.1:PORT benchmarks.peers.bare_asgi:app
 
-benchmarks/web_cpu.py runs it for a `bare...` variant whose settings name
-FUNNEL_WORKER_CLASS=asgi (the default), as bare_app.py for gthread and gevent.
+benchmarks/web_cpu.py runs it for a `bare...` variant, under the web tier's own worker class.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 -- push.lua: the web tier's push of one request's jobs onto a model's interactive queue, bounded
--- (web/gateway.py). In one step, so concurrent requests cannot overfill the queue, and, with an
--- estimate, refused when the predicted answer is later than the request's budget (web/shedding.py's
--- Capacity.wait_s, the same formula).
+-- (web/pipeline.py). In one step, so concurrent requests cannot overfill the queue, and, with an
+-- estimate, refused when the predicted answer is later than the request's budget
+-- (web/queueing/shedding.py's Capacity.wait_s, the same formula).
 --
 -- KEYS[1]     the model's queue, funnel:queue:{<model>}
 -- KEYS[2..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>

@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import threading
 
-import pytest
 import redis
 
 from funnel.common.keys import Keys
@@ -22,9 +21,8 @@ TEXT = "text-embedding"
 IN_FLIGHT = 8
 
 
-@pytest.mark.parametrize("worker_class", ["asgi", "gthread"])
-def test_sigterm_answers_the_requests_in_flight(model_store, tmp_path, worker_class):
-    env = {"FUNNEL_HOLD_WITHOUT_WORKERS": "1", "FUNNEL_WORKER_CLASS": worker_class}
+def test_sigterm_answers_the_requests_in_flight(model_store, tmp_path):
+    env = {"FUNNEL_HOLD_WITHOUT_WORKERS": "1"}
     with Stack(model_store=model_store, models=[TEXT], workers=[], web_env=env, log_dir=tmp_path) as stack:
         queue = redis.Redis.from_url(stack.redis_url)
         answers: dict[int, tuple] = {}

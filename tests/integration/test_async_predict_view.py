@@ -1,6 +1,7 @@
-"""web/jobs.py's predict_async view in the app create_app() builds, against a real redis-server and
-no worker: Flask routes a POST predict to it; `Prefer: respond-async` makes a job (202), a
-Webhook-URL alone is a 400, and a predict asking for neither is never made a job."""
+"""web/protocols/jobs.py's predict_async view in the Flask app, against a real redis-server and no
+worker: the front hands Flask the predicts that ask for a job, and Flask routes them to it;
+`Prefer: respond-async` makes a job (202), a Webhook-URL alone is a 400, and a predict asking for
+neither is never made a job (the front answers those itself: tests/integration/test_front.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import redis
 
 from funnel.common.keys import Keys
-from funnel.web.app import create_app
+from funnel.web.app import create_app, load_models
+from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 
 PREFIX = "async-view-test"
@@ -19,7 +21,8 @@ TEXT = "/v1/models/text-embedding/predict"
 def app(redis_server, model_store):
     settings = WebSettings.load(["--redis-url", redis_server.url, "--model-store", str(model_store),
                                  "--models", "text-embedding", "--prefix", PREFIX])
-    return create_app(settings)
+    pipeline = Pipeline(load_models(settings), redis.Redis.from_url(redis_server.url), Keys(PREFIX), settings)
+    return create_app(settings, pipeline)
 
 
 @pytest.fixture()

@@ -19,7 +19,7 @@ from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.scripts.redis_local import redis_cli_binary
 from funnel.scripts.stack import Stack
-from funnel.web.shedding import REFRESH_S
+from funnel.web.queueing.shedding import REFRESH_S
 from tests.conftest import http
 from tests.faults.conftest import (
     FAST_HEARTBEAT,

@@ -108,27 +108,8 @@ def test_torch_workers_run_on_tcmalloc(stack):
             assert "tcmalloc" in maps.read()
 
 
-def test_one_blpop_per_request_mode_answers_the_same(model_store, tmp_path):
-    """FUNNEL_REPLY_INBOX=0: every request still gets its own answer, each on a reply key of its own."""
-    texts = [f"sentence {i} about {'cats ' * (i % 5)}and dogs" for i in range(48)]
-    with Stack(model_store=model_store, models=["text-embedding"], web_env={"FUNNEL_REPLY_INBOX": "0"},
-               log_dir=tmp_path) as running:
-        alone = [embed(running, t) for t in texts]
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            together = list(pool.map(lambda t: predict(running, "text-embedding", json_body={"text": t}), texts))
-        # No web process listens on an inbox: nobody is left blocked once the requests are answered.
-        blocked = [c for c in redis.Redis.from_url(running.redis_url).client_list() if c["cmd"] == "brpop"]
-    assert blocked == []
-    batch_sizes = []
-    for expected, (status, body, _) in zip(alone, together):
-        assert status == 200, body
-        np.testing.assert_allclose(body["embedding"], expected, atol=1e-5)
-        batch_sizes.append(body["meta"]["batch_size"])
-    assert max(batch_sizes) > 1
-
-
 def test_each_web_process_listens_on_one_inbox_per_model(stack):
-    """The default: after answering, a web process keeps one connection blocked on its inbox for
+    """After answering, a web process keeps one connection blocked on its inbox for
     each model it has served (one list per model: on a cluster each is in its model's slot)."""
     listeners = [c for c in redis.Redis.from_url(stack.redis_url).client_list() if c["cmd"] == "brpop"]
     assert 1 <= len(listeners) <= 2 * len(stack.models)  # FUNNEL_PROCESSES=2, each after its first request

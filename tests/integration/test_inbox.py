@@ -1,7 +1,6 @@
 """The web process's shared reply inbox, against a real Redis: replies pushed as a worker pushes them."""
 
 import asyncio
-import random
 
 import pytest
 import redis
@@ -11,7 +10,7 @@ from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply, now_ms
 from funnel.scripts.redis_local import LocalRedis, wait_until
-from funnel.web.inbox import Inbox, LoopWaiter
+from funnel.web.queueing.inbox import Inbox
 
 M, OTHER = "text-embedding", "image-classifier"
 
@@ -27,85 +26,57 @@ def reply(job_id: str, value: int) -> bytes:
     return encode_reply(Reply(id=job_id, ok=True, outputs={"value": value}, worker="w", batch_size=1))
 
 
-def test_replies_pushed_together_reach_their_own_requests_in_order(redis_client, inbox):
-    first, second = ["a1", "a2", "a3"], ["b1", "b2"]
-    waiters = inbox.expect(M, first), inbox.expect(M, second)
-    payloads = [reply(job_id, n) for n, job_id in enumerate(first + second)]
-    random.Random(0).shuffle(payloads)
-    redis_client.lpush(inbox.key(M), *payloads)  # one push, as worker/reply.py sends a batch's share
-
-    deadline = now_ms() + 10_000
-    got_first = inbox.collect(waiters[0], first, deadline)
-    got_second = inbox.collect(waiters[1], second, deadline)
-    assert [r.id for r in got_first] == first and [r.outputs["value"] for r in got_first] == [0, 1, 2]
-    assert [r.id for r in got_second] == second and [r.outputs["value"] for r in got_second] == [3, 4]
-
-
 def test_each_model_has_its_own_list_in_its_own_slot(redis_client, inbox, keys):
     """A worker's reply MULTI writes the inbox with its model's in-flight list: same hash slot."""
-    mine, theirs = inbox.expect(M, ["t1"]), inbox.expect(OTHER, ["i1"])
-    assert inbox.key(M) != inbox.key(OTHER)
-    assert key_slot(inbox.key(M).encode()) == key_slot(keys.inflight(M, "w1").encode())
-    assert key_slot(inbox.key(OTHER).encode()) == key_slot(keys.queue(OTHER).encode())
-    redis_client.lpush(inbox.key(OTHER), reply("i1", 2))
-    redis_client.lpush(inbox.key(M), reply("t1", 1))
-    deadline = now_ms() + 10_000
-    assert inbox.collect(mine, ["t1"], deadline)[0].outputs["value"] == 1
-    assert inbox.collect(theirs, ["i1"], deadline)[0].outputs["value"] == 2
+
+    async def both():
+        mine, theirs = inbox.expect(M, ["t1"]), inbox.expect(OTHER, ["i1"])
+        assert inbox.key(M) != inbox.key(OTHER)
+        assert key_slot(inbox.key(M).encode()) == key_slot(keys.inflight(M, "w1").encode())
+        assert key_slot(inbox.key(OTHER).encode()) == key_slot(keys.queue(OTHER).encode())
+        redis_client.lpush(inbox.key(OTHER), reply("i1", 2))
+        redis_client.lpush(inbox.key(M), reply("t1", 1))
+        deadline = now_ms() + 10_000
+        return await inbox.collect(mine, ["t1"], deadline), await inbox.collect(theirs, ["i1"], deadline)
+
+    got_mine, got_theirs = asyncio.run(both())
+    assert got_mine[0].outputs["value"] == 1 and got_theirs[0].outputs["value"] == 2
 
 
 def test_late_duplicate_unknown_and_garbled_replies_are_dropped_and_counted(redis_client, keys):
     unclaimed = []
     inbox = Inbox(redis_client, keys, on_unclaimed=lambda: unclaimed.append(1))
-    try:
-        gave_up = inbox.expect(M, ["late"])
+
+    async def answers():
+        inbox.expect(M, ["late"])
         inbox.forget(["late"])  # its request hit the deadline and left
-        waiter = inbox.expect(M, ["mine", "next"])
+        waiter, other = inbox.expect(M, ["mine"]), inbox.expect(M, ["next"])
         redis_client.lpush(inbox.key(M), reply("late", 1), reply("nobody", 2), b"\x00 not msgpack",
                            reply("mine", 3))
-        [got] = inbox.collect(waiter, ["mine"], now_ms() + 10_000)
+        [got] = await inbox.collect(waiter, ["mine"], now_ms() + 10_000)
         redis_client.lpush(inbox.key(M), reply("mine", 4), reply("next", 5))  # "mine" answered twice
-        [got_next] = inbox.collect(waiter, ["next"], now_ms() + 10_000)
+        [got_next] = await inbox.collect(other, ["next"], now_ms() + 10_000)
+        return got, got_next
+
+    try:
+        got, got_next = asyncio.run(answers())
     finally:
         inbox.close()
     assert got.outputs["value"] == 3 and got_next.outputs["value"] == 5
-    assert gave_up.empty() and waiter.empty()
     assert len(unclaimed) == 3  # late, nobody, the second "mine"; the garbled one is only logged
     assert redis_client.llen(inbox.key(M)) == 0  # all taken: nothing piles up
 
 
-def test_no_reply_by_the_deadline_is_a_timeout(inbox):
-    waiter = inbox.expect(M, ["slow"])
-    with pytest.raises(Timeout):
-        inbox.collect(waiter, ["slow"], now_ms() + 200)
-
-
-def test_redis_going_away_fails_the_waiting_requests():
-    server = LocalRedis().start()
-    try:
-        client = redis.Redis.from_url(server.url, socket_timeout=5)
-        inbox = Inbox(client, Keys("funnel"))
-        waiter = inbox.expect(M, ["stranded"])
-        client.ping()
-    finally:
-        server.stop()
-    try:
-        with pytest.raises(Unavailable):
-            inbox.collect(waiter, ["stranded"], now_ms() + 20_000)
-    finally:
-        inbox.close()
-
-
-def test_requests_on_an_event_loop_get_their_replies_in_order(redis_client, inbox):
-    """web/asgi.py's requests wait on the loop (LoopWaiter); the listener thread wakes them."""
+def test_replies_pushed_together_reach_their_own_requests_in_order(redis_client, inbox):
+    """Requests wait on the event loop; the listener thread wakes them."""
     first, second = ["c1", "c2", "c3"], ["d1"]
 
     async def both():
-        waiters = [inbox.expect(M, ids, LoopWaiter(len(ids))) for ids in (first, second)]
+        waiters = [inbox.expect(M, ids) for ids in (first, second)]
         redis_client.lpush(inbox.key(M), reply("c3", 2), reply("d1", 9), reply("c1", 0))
         redis_client.lpush(inbox.key(M), reply("c2", 1))  # in a later round trip of the listener
         deadline = now_ms() + 10_000
-        return await asyncio.gather(*(inbox.collect_async(w, ids, deadline)
+        return await asyncio.gather(*(inbox.collect(w, ids, deadline)
                                       for w, ids in zip(waiters, (first, second))))
 
     got_first, got_second = asyncio.run(both())
@@ -113,14 +84,14 @@ def test_requests_on_an_event_loop_get_their_replies_in_order(redis_client, inbo
     assert [r.outputs["value"] for r in got_second] == [9]
 
 
-def test_on_an_event_loop_no_reply_by_the_deadline_is_a_timeout_and_a_late_one_is_dropped(redis_client, keys):
+def test_no_reply_by_the_deadline_is_a_timeout_and_a_late_one_is_dropped(redis_client, keys):
     unclaimed = []
     inbox = Inbox(redis_client, keys, on_unclaimed=lambda: unclaimed.append(1))
 
     async def slow():
-        waiter = inbox.expect(M, ["late"], LoopWaiter(1))
+        waiter = inbox.expect(M, ["late"])
         try:
-            await inbox.collect_async(waiter, ["late"], now_ms() + 200)
+            await inbox.collect(waiter, ["late"], now_ms() + 200)
         finally:
             inbox.forget(["late"])
 
@@ -133,13 +104,13 @@ def test_on_an_event_loop_no_reply_by_the_deadline_is_a_timeout_and_a_late_one_i
         inbox.close()
 
 
-def test_redis_going_away_fails_the_requests_waiting_on_an_event_loop():
+def test_redis_going_away_fails_the_waiting_requests():
     server = LocalRedis().start()
 
     async def stranded(inbox):
-        waiter = inbox.expect(M, ["stranded"], LoopWaiter(1))
+        waiter = inbox.expect(M, ["stranded"])
         server.stop()
-        await inbox.collect_async(waiter, ["stranded"], now_ms() + 20_000)
+        await inbox.collect(waiter, ["stranded"], now_ms() + 20_000)
 
     try:
         inbox = Inbox(redis.Redis.from_url(server.url, socket_timeout=5), Keys("funnel"))

@@ -1,4 +1,4 @@
-"""The job store (common/job_store.py) and the submit (common/job_submit.py) against a real
+"""The job store (common/job_store.py) and the submit (web/pipeline.py's submit_job) against a real
 redis-server: a job created whole, replayed by Idempotency-Key (same body: the job; another body:
 422), concurrent submits with one key making one job, unknown (404) against expired (410) ids,
 cancel, pages of results, the bulk queue's limit, a bad item named by its index."""
@@ -15,10 +15,12 @@ import redis
 from funnel.common import jobs, tasks
 from funnel.common.errors import BadInput, NotFound, Overloaded
 from funnel.common.job_store import Conflict, Gone, JobStore, OnCluster
-from funnel.common.job_submit import SubmitLimits, submit
+from funnel.common.job_submit import SubmitLimits
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.common.wire import Reply, decode_job, now_ms
+from funnel.web.pipeline import Pipeline
+from funnel.web.settings import WebSettings
 from funnel.worker.reply import answer
 
 MODEL = "text-embedding"
@@ -38,9 +40,14 @@ def store(redis_client, keys) -> JobStore:
 
 
 def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, model=MODEL):
-    """submit() as a route calls it: the raw body defaults to the texts themselves."""
+    """The web tier's submit_job (web/pipeline.py) as a route calls it, over this store: the raw body
+    defaults to the texts themselves."""
     raw = body if body is not None else "\n".join(texts).encode()
-    return submit(store, task, model, texts, limits, key, webhook, raw)
+    settings = WebSettings(max_bulk_queue=limits.max_bulk_queue, webhook_secret=limits.webhook_secret,
+                           webhook_allow_hosts=limits.webhook_allow_hosts, job_ttl_s=store.ttl_s)
+    pipeline = Pipeline({model: task}, store.client, store.keys, settings)
+    pipeline.jobs = store
+    return pipeline.submit_job(model, texts, key, webhook, raw)
 
 
 def reply_to(redis_client, keys, job_id: str, *indices: int, ok: bool = True) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from funnel.web.asgi import _OneWrite
+from funnel.web.transport.protocol import _OneWrite
 
 
 class Transport:

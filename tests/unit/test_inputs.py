@@ -6,7 +6,7 @@ import pytest
 from flask import Flask, request
 
 from funnel.common.errors import BadInput, UnsupportedMediaType
-from funnel.web.inputs import read_items
+from funnel.web.protocols.inputs import read_items
 
 MAX_ITEMS = 4
 

@@ -7,7 +7,7 @@ import pytest
 
 from funnel.common import jobs
 from funnel.common.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
-from funnel.web.jobs import wants_async
+from funnel.web.protocols.jobs import wants_async
 from funnel.worker import queue as worker_queue
 from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import numpy as np
 import pytest
 
-from funnel.common import registry
+from funnel.common import lua_scripts, registry
 from funnel.common.errors import BadInput, Overloaded, Unavailable
-from funnel.web import shedding
-from funnel.web.gateway import Gateway
-from funnel.web.shedding import WorkerView, capacity, request_timeout, retry_after_s
+from funnel.web.pipeline import Pipeline
+from funnel.web.queueing import shedding
+from funnel.web.queueing.shedding import WorkerView, capacity, request_timeout, retry_after_s
+from funnel.web.settings import WebSettings
 from funnel.worker.stats import Stats
 
 MODEL = "image-classifier"
@@ -102,44 +106,55 @@ def pixels(n=1):
     return [{"pixels": np.zeros((2, 2, 3), np.uint8)} for _ in range(n)]
 
 
+@contextlib.contextmanager
+def pipeline(client, keys, **settings):
+    """The web tier's pipeline (no models: run() takes prepared inputs), its inbox closed after."""
+    opened = Pipeline({}, client, keys, WebSettings(**settings))
+    try:
+        yield opened
+    finally:
+        opened.inbox.close()
+
+
+def submit(pipe: Pipeline, timeout_s: float):
+    return asyncio.run(pipe.run(MODEL, pixels(), timeout_s))
+
+
 def test_no_live_worker_is_503_at_once_unless_held(redis_client, keys):
-    gateway = Gateway(redis_client, keys)
-    with pytest.raises(Unavailable) as caught:
-        gateway.submit(MODEL, pixels(), 0.2)
+    with pipeline(redis_client, keys) as gateway, pytest.raises(Unavailable) as caught:
+        submit(gateway, 0.2)
     assert caught.value.code == "no_worker" and caught.value.retry_after == shedding.NO_WORKER_RETRY_AFTER_S
     assert redis_client.llen(keys.queue(MODEL)) == 0
-    held = Gateway(redis_client, keys, hold_without_workers=True)
-    with pytest.raises(Exception) as timed_out:
-        held.submit(MODEL, pixels(), 0.2)
+    with pipeline(redis_client, keys, hold_without_workers=True) as held, pytest.raises(Exception) as timed_out:
+        submit(held, 0.2)
     assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 1
 
 
 def test_a_wait_past_the_deadline_is_refused_before_it_is_queued(redis_client, keys):
     publish(redis_client, keys, "w1", item_s=0.01, batch_s=0.02)  # about 89 items/s
-    gateway = Gateway(redis_client, keys)
-    cap = gateway.workers.capacity(MODEL)
-    redis_client.lpush(keys.queue(MODEL), *[b"x"] * 300)  # about 3.4 s of work
-    redis_client.lpush(keys.inflight(MODEL, "w1"), *[b"y"] * 16)
-    with pytest.raises(Overloaded) as caught:
-        gateway.submit(MODEL, pixels(), 2.0)
-    expected = cap.wait_s(316, 1)
-    assert caught.value.retry_after == retry_after_s(expected) and f"{expected:.1f} s" in caught.value.message
-    assert redis_client.llen(keys.queue(MODEL)) == 300  # never queued
-    # A longer deadline is let in (and times out here, nobody works).
-    with pytest.raises(Exception) as timed_out:
-        gateway.submit(MODEL, pixels(), expected + 0.3)
-    assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 301
+    with pipeline(redis_client, keys) as gateway:
+        cap = gateway.workers.capacity(MODEL)
+        redis_client.lpush(keys.queue(MODEL), *[b"x"] * 300)  # about 3.4 s of work
+        redis_client.lpush(keys.inflight(MODEL, "w1"), *[b"y"] * 16)
+        with pytest.raises(Overloaded) as caught:
+            submit(gateway, 2.0)
+        expected = cap.wait_s(316, 1)
+        assert caught.value.retry_after == retry_after_s(expected) and f"{expected:.1f} s" in caught.value.message
+        assert redis_client.llen(keys.queue(MODEL)) == 300  # never queued
+        # A longer deadline is let in (and times out here, nobody works).
+        with pytest.raises(Exception) as timed_out:
+            submit(gateway, expected + 0.3)
+        assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 301
     # Turned off, nothing is refused by estimate.
-    off = Gateway(redis_client, keys, shed=False)
-    with pytest.raises(Exception) as late:
-        off.submit(MODEL, pixels(), 0.1)
+    with pipeline(redis_client, keys, shed=False) as off, pytest.raises(Exception) as late:
+        submit(off, 0.1)
     assert late.value.status == 504
 
 
 def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
     publish(redis_client, keys, "w1", item_s=0.004, batch_s=0.03)
-    gateway = Gateway(redis_client, keys)
-    cap = gateway.workers.capacity(MODEL)
+    cap = shedding.WorkerView(redis_client, keys).capacity(MODEL)
+    push = lua_scripts.register(redis_client, "push")
     for ahead in (0, 5, 40, 200):
         redis_client.delete(keys.queue(MODEL))
         if ahead:
@@ -147,7 +162,7 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
             args = [0, 1, budget, *cap.script_args(), b"j1", b"j2"]
-            outcome, *_ = gateway._push(keys=[keys.queue(MODEL), keys.inflight(MODEL, "w1")], args=args)
+            outcome, *_ = push(keys=[keys.queue(MODEL), keys.inflight(MODEL, "w1")], args=args)
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:
                 redis_client.ltrim(keys.queue(MODEL), 2, -1)
@@ -156,8 +171,8 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
 def test_a_full_queue_says_when_it_drains(redis_client, keys):
     publish(redis_client, keys, "w1", item_s=0.01, batch_s=0.02)
     redis_client.lpush(keys.queue(MODEL), *[b"x"] * 4)
-    with pytest.raises(Overloaded) as caught:
-        Gateway(redis_client, keys, max_queue=4).submit(MODEL, pixels(), 30)
+    with pipeline(redis_client, keys, max_queue=4) as gateway, pytest.raises(Overloaded) as caught:
+        submit(gateway, 30)
     assert caught.value.code == "overloaded" and caught.value.retry_after == 1
 
 

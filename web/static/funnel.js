@@ -197,15 +197,22 @@ function similarityView(texts, embeddings) {
        ` (${best.value.toFixed(2)})`));
 }
 
-function setupText(panel) {
-  const form = $(panel, ".text-form"), textarea = $(form, "textarea");
+// A form whose textarea holds one item a line: `send` gets its non-empty lines, trimmed.
+function onLines(panel, selector, what, send) {
+  const form = $(panel, selector), textarea = $(form, "textarea");
   form.addEventListener("submit", async event => {
     event.preventDefault();
-    const texts = textarea.value.split("\n").map(t => t.trim()).filter(Boolean);
-    if (!texts.length) {
-      setResult(panel, "error", errorBox("Nothing to send", "type a sentence, or several, one per line"));
+    const lines = textarea.value.split("\n").map(t => t.trim()).filter(Boolean);
+    if (!lines.length) {
+      setResult(panel, "error", errorBox("Nothing to send", `type ${what}, or several, one per line`));
       return;
     }
+    await send(lines);
+  });
+}
+
+function setupText(panel) {
+  onLines(panel, ".text-form", "a sentence", async texts => {
     const payload = texts.length === 1 ? {text: texts[0]} : {texts};
     const body = await predict(panel, {headers: {"Content-Type": "application/json"},
                                        body: JSON.stringify(payload)});
@@ -347,14 +354,7 @@ function jsonView(body) {
 }
 
 function setupJson(panel) {
-  const form = $(panel, ".json-form"), textarea = $(form, "textarea");
-  form.addEventListener("submit", async event => {
-    event.preventDefault();
-    const lines = textarea.value.split("\n").map(t => t.trim()).filter(Boolean);
-    if (!lines.length) {
-      setResult(panel, "error", errorBox("Nothing to send", "type a JSON value, or several, one per line"));
-      return;
-    }
+  onLines(panel, ".json-form", "a JSON value", async lines => {
     let values;
     try {
       values = lines.map(line => JSON.parse(line));

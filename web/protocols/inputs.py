@@ -15,17 +15,8 @@ from typing import Any
 
 from werkzeug.wrappers import Request
 
-from funnel.common.errors import BadInput, NotFound, UnsupportedMediaType
-from funnel.common.tasks import InputKind, Task
-
-
-def served(models: dict[str, Task], name: str) -> Task:
-    """The task of the served model a request names; 404 for any other name (before it can become
-    part of a key)."""
-    task = models.get(name)
-    if task is None:
-        raise NotFound(f"no model named {name!r}; served: {', '.join(models)}", code="unknown_model")
-    return task
+from funnel.common.errors import BadInput, UnsupportedMediaType
+from funnel.common.tasks import InputKind
 
 
 def read_items(kind: InputKind, request: Request, max_items: int) -> tuple[list[Any], bool]:

@@ -3,7 +3,7 @@
 What redis-py's non-transactional Pipeline does (the same connection, retry and
 per-command errors) without its per-call machinery, which cost twice the round
 trip's own CPU, and without taking a connection from the pool each time (a lock
-and a poll() for data left unread). The outbox's sender, the event loop and each
+and a poll() for data left unread). The event loop (queueing/outbox.py) and each
 inbox listener are one thread each, so each holds a connection of its own.
 Not on Redis Cluster: its pipeline routes each command to the key's node.
 """
@@ -20,7 +20,7 @@ import redis
 class Line:
     def __init__(self, client: redis.Redis):
         self.pool = client.connection_pool
-        self._local = threading.local()  # greenlet-local under gevent: the sender's own
+        self._local = threading.local()
 
     def exchange(self, commands: list[tuple]) -> list[Any]:
         """Each command's answer, or its own ResponseError; a connection error raised (after the

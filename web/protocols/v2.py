@@ -15,8 +15,9 @@ classification extension. Errors are {"error": "<message>"}.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
-from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -25,21 +26,21 @@ import orjson
 import redis
 from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Request
 
-from funnel.common.errors import BadInput, FunnelError, NotFound
+from funnel.common.errors import BadInput, FunnelError
 from funnel.common.keys import Keys
 from funnel.common.registry import live_workers
-from funnel.common.tasks import Inputs, Task
+from funnel.common.tasks import Task
 from funnel.common.wire import Reply
-from funnel.web.errors import drain_body, retry_after
-from funnel.web.gateway import Gateway
-from funnel.web.inputs import served
-from funnel.web.predict import reply_error
-from funnel.web.shedding import request_timeout
-from funnel.web.tensors import DATATYPES, NAMES_OF, Tensor, answer_body, output_entry, read_inputs, split_body
+from funnel.web import errors
+from funnel.web.pipeline import MODEL_VERSION, Rendered, Work
+from funnel.web.protocols.tensors import NAMES_OF, Tensor, response_body, output_entry, read_inputs, split_body
 
+log = logging.getLogger("funnel.web")
+
+PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 BYTES_INPUT = {"image": "IMAGE", "text": "TEXT", "json": "JSON"}
-MODEL_VERSION = "1"
 EXTENSIONS = ["classification", "binary_tensor_data"]
 
 
@@ -69,8 +70,8 @@ def fixed_inputs(task: Task) -> dict[str, dict]:
             if d.get("dtype") in NAMES_OF and all(n > 0 for n in d.get("shape", [-1]))}
 
 
-def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> list[Inputs]:
-    """The jobs' inputs: preprocessed BYTES items, or the model's own tensors checked by the task."""
+def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> Work:
+    """The request's items: BYTES elements to preprocess, or the model's own tensors, ready made."""
     encoded = BYTES_INPUT[task.input_kind]
     ready = fixed_inputs(task)
     unknown = set(tensors) - {encoded, *ready}
@@ -80,7 +81,7 @@ def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> list[Inp
     if encoded in tensors:
         if len(tensors) > 1:
             raise BadInput(f"send {encoded} or the ready tensors, not both", code="bad_tensor")
-        return [task.preprocess(item) for item in encoded_items(task, tensors[encoded], max_items)]
+        return Work(encoded_items(task, tensors[encoded], max_items), raw=True)
     missing = set(ready) - set(tensors)
     if missing:
         raise BadInput(f"missing input {sorted(missing)[0]!r}", code="bad_tensor")
@@ -93,9 +94,7 @@ def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> list[Inp
         n = check_batch(name, tensor.shape[0], max_items, n)
     items = [{name: np.asarray(tensors[name].value).reshape(tensors[name].shape)[i] for name in ready}
              for i in range(n or 0)]
-    for item in items:
-        task.check(item)
-    return items
+    return Work(items, ready=True, raw=True)
 
 
 def check_batch(name: str, n: int, max_items: int, expected: int | None = None) -> int:
@@ -156,14 +155,7 @@ def error_response(message: str, status: int) -> Response:
     return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
 
 
-def served_task(models: dict[str, Task], name: str, model_version: str | None) -> Task:
-    task = served(models, name)
-    if model_version not in (None, MODEL_VERSION):
-        raise NotFound(f"{name} has version {MODEL_VERSION} only, not {model_version!r}")
-    return task
-
-
-def install_probes(v2: Blueprint, models: dict[str, Task], served: Callable[[str, str | None], Task],
+def install_probes(v2: Blueprint, models: dict[str, Task], resolve: Callable[[str, str | None], Task],
                    client: redis.Redis, keys: Keys) -> None:
     """Server metadata, liveness and readiness, model metadata and readiness."""
 
@@ -188,18 +180,18 @@ def install_probes(v2: Blueprint, models: dict[str, Task], served: Callable[[str
     @v2.get("/models/<name>")
     @v2.get("/models/<name>/versions/<model_version>")
     def model_metadata(name: str, model_version: str | None = None):
-        return metadata(served(name, model_version))
+        return metadata(resolve(name, model_version))
 
     @v2.get("/models/<name>/ready")
     @v2.get("/models/<name>/versions/<model_version>/ready")
     def model_ready(name: str, model_version: str | None = None):
-        served(name, model_version)
+        resolve(name, model_version)
         if name not in live_models():
             return error_response(f"no live worker for {name}", 503)
         return {"name": name, "ready": True}
 
 
-def answer_outputs(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Reply]
+def outputs_of(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Reply]
                    ) -> tuple[list[dict], list[bytes]]:
     """The requested outputs, each the replies' rows stacked to [n, ...] or classified."""
     outputs: list[dict] = []
@@ -215,49 +207,46 @@ def answer_outputs(task: Task, wanted: list[tuple[str, bool, int]], replies: lis
     return outputs, chunks
 
 
-def create_blueprint(models: dict[str, Task], gateway: Gateway, client: redis.Redis, keys: Keys,
-                     timeout_s: float, max_items: int) -> Blueprint:
+class V2:
+    """POST /v2/models/<name>[/versions/<v>]/infer: tensors in, the model's own output rows out."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+
+    def parse(self, task: Task, request: Request) -> Work:
+        header, binary = split_body(request.get_data(), request.headers.get("Inference-Header-Content-Length"))
+        wanted = requested_outputs(task, header)
+        work = items_of(task, read_inputs(header, binary), self.max_items)
+        work.context = {"wanted": wanted, "id": header.get("id")}
+        return work
+
+    def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
+        outputs, chunks = outputs_of(task, work.context["wanted"], replies)
+        head: dict[str, Any] = {"model_name": task.spec.name, "model_version": MODEL_VERSION}
+        if isinstance(work.context["id"], str):
+            head["id"] = work.context["id"]
+        body, headers = response_body(head, outputs, chunks)
+        return body, list(headers.items())
+
+    def render_error(self, error: Exception, request: Request) -> Rendered:
+        """{"error": "<message>"}, the protocol's shape, with the status and headers /v1 would give."""
+        if not errors.expected(error):
+            log.exception("infer failed", exc_info=error)
+        status, body, headers = errors.render(error, request)
+        return status, orjson.dumps({"error": body["error"]["message"]}), headers
+
+
+def create_blueprint(models: dict[str, Task], resolve: Callable[[str, str | None], Task], client: redis.Redis,
+                     keys: Keys) -> Blueprint:
+    """The protocol's probes and metadata, answered by Flask (infer is the front's: V2)."""
     v2 = Blueprint("v2", __name__, url_prefix="/v2")
 
     @v2.errorhandler(FunnelError)
-    def protocol_error(exc: FunnelError):
-        response = error_response(exc.message, exc.status)
-        if exc.status == 503:
-            response.headers["Retry-After"] = retry_after(exc)
-        return response
-
     @v2.errorhandler(redis.RedisError)
-    def redis_error(exc: redis.RedisError):
-        return error_response(f"queue unavailable: {type(exc).__name__}", 503)
-
     @v2.errorhandler(HTTPException)
-    def http_error(exc: HTTPException):
-        if exc.code == 413:
-            drain_body(request)
-        return error_response(exc.description or exc.name, exc.code or 500)
+    def protocol_error(exc: Exception):
+        status, body, headers = V2(0).render_error(exc, request)
+        return Response(body, status=status, headers=headers, mimetype="application/json")
 
-    served = partial(served_task, models)
-    install_probes(v2, models, served, client, keys)
-
-    @v2.post("/models/<name>/infer")
-    @v2.post("/models/<name>/versions/<model_version>/infer")
-    def infer(name: str, model_version: str | None = None):
-        task = served(name, model_version)
-        header, binary = split_body(request.get_data(), request.headers.get("Inference-Header-Content-Length"))
-        wanted = requested_outputs(task, header)
-        inputs = items_of(task, read_inputs(header, binary), max_items)
-        replies = gateway.submit(name, inputs, request_timeout(request.headers, timeout_s), raw=True)
-        for i, reply in enumerate(replies):
-            if not reply.ok:
-                raise reply_error(reply, i, len(replies))
-        outputs, chunks = answer_outputs(task, wanted, replies)
-        answer = {"model_name": name, "model_version": MODEL_VERSION}
-        if isinstance(header.get("id"), str):
-            answer["id"] = header["id"]
-        body, headers = answer_body(answer, outputs, chunks)
-        return Response(body, headers=headers)
-
+    install_probes(v2, models, resolve, client, keys)
     return v2
-
-
-__all__ = ["create_blueprint", "DATATYPES"]

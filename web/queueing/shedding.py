@@ -16,7 +16,7 @@ hands is predicted to be answered after
 it). The workers' timings lag a sudden slowdown (a busier machine, a throttled
 GPU) by a heartbeat or two, while the answers show it at once: each process
 keeps a Calibration per model, how much later than predicted its answers came
-lately, and scales SAFETY by it. The gateway's push script (web/gateway.py) reads the queue and in-flight
+lately, and scales SAFETY by it. The push script (web/pipeline.py) reads the queue and in-flight
 lengths, computes the same wait and pushes only if it fits the request's
 remaining deadline, in the one round trip a request already made. A request
 turned away is told to come back once the work ahead of it is done:

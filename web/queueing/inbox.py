@@ -1,10 +1,11 @@
 """One reply inbox per web process, read by one thread for every waiting request.
 
-Blocking per request costs each request a BLPOP round trip and a pooled
-connection held while it waits. Instead, every job of this process names the
-same reply list; a listener thread pops whatever replies are there in one
-round trip (BRPOP, then RPOP COUNT for the rest, pipelined: web/line.py) and hands each to
-the request that waits for its job id.
+Every job of this process names the same reply list; a listener thread pops
+whatever replies are there in one round trip (BRPOP, then RPOP COUNT for the
+rest, pipelined: queueing/line.py) and hands each to the request on the event
+loop that waits for its job id, so a waiting request costs a future, not a
+connection or a thread (docs/performance.md has the figures against a BLPOP
+per request).
 
 The inbox is one list per model, `funnel:reply:{<model>}:web-<hex>`, each read
 by a thread of its own, started at the process's first request for the model:
@@ -22,14 +23,13 @@ import os
 import threading
 import uuid
 from collections.abc import Callable
-from queue import Empty, SimpleQueue
 
 import redis
 
 from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, WireError, decode_reply, now_ms
-from funnel.web.line import Line
+from funnel.web.queueing.line import Line
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ IDLE_BLOCK_S = 1.0   # BRPOP timeout when nothing arrives: how often the thread 
 RETRY_S = 0.2        # pause after a Redis error before listening again
 
 
-class LoopWaiter:
-    """Where a request on the event loop (web/asgi.py) waits: the listener thread's put() wakes it.
+class Waiter:
+    """Where a request on the event loop waits: the listener thread's put() wakes it.
 
     Made on the loop's thread; put() may be called from any thread. Its future is done
     once `count` replies are in, or at the first error.
@@ -73,7 +73,7 @@ class Inbox:
     def __init__(self, client: redis.Redis, keys: Keys, on_unclaimed: Callable[[], None] = lambda: None):
         self.client, self.keys, self.on_unclaimed = client, keys, on_unclaimed
         self._line = None if keys.cluster else Line(client)  # each listener thread holds a connection
-        self._waiting: dict[str, tuple[str, SimpleQueue | LoopWaiter]] = {}  # job id -> (model, its request's queue)
+        self._waiting: dict[str, tuple[str, Waiter]] = {}  # job id -> (model, its request's waiter)
         self._inboxes: dict[str, str] = {}  # model -> this process's reply list for it
         self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own threads
         self._start_lock = threading.Lock()
@@ -84,29 +84,18 @@ class Inbox:
         """The reply list this process's jobs of `model` name (after expect)."""
         return self._inboxes[model]
 
-    def expect(self, model: str, job_ids: list[str], waiter: SimpleQueue | LoopWaiter | None = None):
-        """Register jobs before they are queued, so no reply can arrive unclaimed; their waiter."""
+    def expect(self, model: str, job_ids: list[str]) -> Waiter:
+        """Register jobs before they are queued, so no reply can arrive unclaimed; their waiter.
+
+        Called on the event loop: the waiter wakes the loop's request."""
         self._ensure_listening(model)
-        waiter = SimpleQueue() if waiter is None else waiter
+        waiter = Waiter(len(job_ids))
         for job_id in job_ids:
             self._waiting[job_id] = (model, waiter)
         return waiter
 
-    def collect(self, waiter: SimpleQueue, job_ids: list[str], deadline: int) -> list[Reply]:
-        """The replies of job_ids in their order; Timeout at the deadline."""
-        got = []
-        for _ in job_ids:
-            try:
-                reply = waiter.get(timeout=max(0.0, (deadline - now_ms()) / 1000))
-            except Empty:
-                raise Timeout("no reply before the deadline") from None
-            if isinstance(reply, Exception):
-                raise reply
-            got.append(reply)
-        return _in_order(job_ids, got)
-
-    async def collect_async(self, waiter: LoopWaiter, job_ids: list[str], deadline: int) -> list[Reply]:
-        """collect() on the event loop: waiting costs no thread, its deadline one timer."""
+    async def collect(self, waiter: Waiter, job_ids: list[str], deadline: int) -> list[Reply]:
+        """The replies of job_ids in their order; Timeout at the deadline (one timer, no thread)."""
         timer = waiter.loop.call_later(max(0.0, (deadline - now_ms()) / 1000), waiter.expire)
         try:
             return _in_order(job_ids, await waiter.future)

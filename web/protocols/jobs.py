@@ -14,9 +14,9 @@ true`; 422 if the body differs). A submit may name a webhook (the body's
 "webhook", or a `Webhook-URL` header), POSTed the job's status when it is
 final (worker/webhook.py).
 
-Each route parses the request, calls the store (or common/job_submit.py's
-submit()) and renders JSON; the store's errors are FunnelErrors, answered by
-web/errors.py.
+Each route parses the request, calls the pipeline's submit_job (web/pipeline.py)
+or the job store (common/job_store.py) and renders JSON; their errors are
+FunnelErrors, answered by web/errors.py.
 """
 
 from __future__ import annotations
@@ -25,19 +25,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import redis
-from flask import Blueprint, Flask, Response, current_app, jsonify, request
-from flask.typing import ResponseReturnValue
+from flask import Blueprint, Flask, Response, jsonify, request
 
 from funnel.common import jobs
 from funnel.common.errors import BadInput, FunnelError
-from funnel.common.job_store import JobStore, OnCluster
-from funnel.common.job_submit import WEBHOOK_HEADER, SubmitLimits, submit
-from funnel.common.keys import Keys
-from funnel.common.tasks import Task
+from funnel.common.job_store import OnCluster
+from funnel.common.job_submit import WEBHOOK_HEADER
 from funnel.common.wire import WireError, decode_reply
-from funnel.web.inputs import read_images, read_items, read_json_items, served
 from funnel.web.jsonio import OPTIONS
+from funnel.web.pipeline import Pipeline
+from funnel.web.protocols.inputs import read_images, read_items, read_json_items
 from funnel.web.settings import WebSettings
 
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
@@ -48,16 +45,17 @@ def wants_async(prefer: str) -> bool:
     return any(part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(","))
 
 
-def install(app: Flask, models: dict[str, Task], client: redis.Redis, keys: Keys, settings: WebSettings) -> None:
+def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
     """The jobs routes, and the predict view that answers `Prefer: respond-async` (endpoint
-    predict_async); every one after the API key check."""
-    routes = Routes(models, JobStore(client, keys, settings.job_ttl_s), settings)
+    predict_async: the front sends it the predicts that ask for a job); every one after the API
+    key check."""
+    routes = Routes(pipeline, settings)
     blueprint = Blueprint("jobs", __name__)
     blueprint.add_url_rule("/v1/models/<name>/jobs", "submit", routes.submit, methods=["POST"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "status", routes.status, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>/results", "results", routes.results, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "cancel", routes.cancel, methods=["DELETE"])
-    if keys.cluster:
+    if pipeline.keys.cluster:
         blueprint.before_request(refuse_on_cluster)
     app.register_blueprint(blueprint)
     app.add_url_rule("/v1/models/<name>/predict", "predict_async", routes.predict_async, methods=["POST"])
@@ -69,41 +67,41 @@ def refuse_on_cluster() -> None:
 
 
 class Routes:
-    """The views: each parses its request, calls the store or submit(), and renders JSON."""
+    """The views: each parses its request, calls the pipeline or the job store, and renders JSON."""
 
-    def __init__(self, models: dict[str, Task], store: JobStore, settings: WebSettings):
-        self.models, self.store, self.settings = models, store, settings
-        self.limits = SubmitLimits.of(settings)
+    def __init__(self, pipeline: Pipeline, settings: WebSettings):
+        self.pipeline, self.store, self.settings = pipeline, pipeline.jobs, settings
 
     def submit(self, name: str) -> Response:
-        task = served(self.models, name)
+        task = self.pipeline.resolve(name)
         if task.input_kind == "image":
             request.get_data()  # cached before the multipart parse consumes it: the Idempotency-Key's check
             items = read_images(request, min(self.settings.max_job_items, self.settings.max_job_images))
-            return self._submitted(task, name, items, webhook_of(request.form.get("webhook")))
+            return self._submitted(name, items, webhook_of(request.form.get("webhook")))
         one, many = ("text", "texts") if task.input_kind == "text" else ("input", "inputs")
         items, _ = read_json_items(request, one, many, self.settings.max_job_items)
         if task.input_kind == "text" and not all(isinstance(t, str) for t in items):
             raise BadInput("every text must be a string", code="bad_json")
-        return self._submitted(task, name, items, webhook_of((request.get_json(silent=True) or {}).get("webhook")))
+        return self._submitted(name, items, webhook_of((request.get_json(silent=True) or {}).get("webhook")))
 
-    def predict_async(self, name: str) -> ResponseReturnValue:
+    def predict_async(self, name: str) -> Response:
         """A predict that asks for a job: with `Prefer: respond-async`, its items become one (202);
         a Webhook-URL without it is a 400, since a webhook only ever follows a job."""
         if not wants_async(request.headers.get("Prefer", "")):
             if WEBHOOK_HEADER in request.headers:
                 raise BadInput(f"{WEBHOOK_HEADER} needs 'Prefer: respond-async'", code="bad_webhook")
-            return not_a_job(name)
-        task = served(self.models, name)
+            raise FunnelError("an interactive predict is the front's to answer (web/transport/front.py), "
+                              "not Flask's", code="misrouted", status=500)
+        task = self.pipeline.resolve(name)
         request.get_data()  # cached before a multipart parse consumes it: the Idempotency-Key's body check
         items, _ = read_items(task.input_kind, request, self.settings.max_items)
-        response = self._submitted(task, name, items, webhook_of(None))
+        response = self._submitted(name, items, webhook_of(None))
         response.headers["Preference-Applied"] = "respond-async"
         return response
 
-    def _submitted(self, task: Task, name: str, items: list[Any], webhook: str | None) -> Response:
-        record, replayed = submit(self.store, task, name, items, self.limits,
-                                  request.headers.get("Idempotency-Key"), webhook, request.get_data())
+    def _submitted(self, name: str, items: list[Any], webhook: str | None) -> Response:
+        record, replayed = self.pipeline.submit_job(name, items, request.headers.get("Idempotency-Key"), webhook,
+                                                    request.get_data())
         return accepted(record, replayed)
 
     def status(self, job_id: str) -> Response:
@@ -128,17 +126,6 @@ class Routes:
 
     def cancel(self, job_id: str) -> Response:
         return jsonify(describe(self.store.cancel(job_id)))
-
-
-def not_a_job(name: str) -> ResponseReturnValue:
-    """A predict with neither header is an interactive one: answered by the app's own predict view
-    where it has one (its rule comes after this one, so Flask routes here first); else it should
-    never have been sent here."""
-    interactive = current_app.view_functions.get("predict")
-    if interactive is None:
-        raise FunnelError("this server answers interactive predicts before Flask; this one was routed "
-                          "to the async predict", code="misrouted", status=500)
-    return current_app.ensure_sync(interactive)(name=name)
 
 
 def accepted(record: jobs.Record, replayed: bool) -> Response:

@@ -190,7 +190,7 @@ def output_entry(name: str, value: np.ndarray | list[bytes], shape: list[int], b
     return entry
 
 
-def answer_body(header: dict, outputs: list[dict], chunks: list[bytes]) -> tuple[bytes, dict[str, str]]:
+def response_body(header: dict, outputs: list[dict], chunks: list[bytes]) -> tuple[bytes, dict[str, str]]:
     """The response body and its headers: JSON alone, or the JSON header followed by binary data."""
     head = orjson.dumps({**header, "outputs": outputs})
     if not chunks:

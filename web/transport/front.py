@@ -1,0 +1,166 @@
+"""The ASGI app each web process serves: predict-like routes on the event loop, the rest to Flask.
+
+    POST /v1/models/<name>/predict                        protocols/v1.py  } the body read here, the API
+    POST /v2/models/<name>[/versions/<v>]/infer           protocols/v2.py  } key checked, then web/pipeline.py
+    POST /v1/models/<name>/predict asking for a job       Flask: protocols/jobs.py (Prefer: respond-async,
+                                                          or a Webhook-URL)
+    everything else (the page, listings, jobs, probes,    Flask (web/app.py), through a2wsgi's threads
+    metrics)
+
+Every predict-like request is counted in the metrics here, with its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import time
+from typing import Any
+
+import orjson
+from a2wsgi import WSGIMiddleware
+from flask import Flask
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+from werkzeug.wrappers import Request
+
+from funnel.web import auth, metrics
+from funnel.web.pipeline import Adapter, Pipeline
+from funnel.web.protocols import v1, v2
+from funnel.web.protocols.jobs import WEBHOOK_HEADER, wants_async
+from funnel.web.settings import WebSettings
+
+BODY_IDLE_S = 10.0  # a predict's body may pause this long at most (nginx's client_body_timeout)
+DRAIN_LIMIT = 64 * 1024 * 1024  # a body declared over the limit is read this far to answer its 413
+WEBHOOK_KEY = "HTTP_" + WEBHOOK_HEADER.upper().replace("-", "_")
+
+
+class _Json:  # stands in for the json module
+    """werkzeug's Request reads JSON through `json_module`: orjson here, as Flask's provider."""
+
+    loads = staticmethod(orjson.loads)
+
+
+class PredictRequest(Request):
+    json_module = _Json  # type: ignore[assignment]  # any object with loads()
+    body: bytes | None = None  # the whole body, once the front has read it
+
+    def get_data(self, cache: bool = True, as_text: bool = False, parse_form_data: bool = False):
+        """The body read already, without werkzeug's stream around it to read it again; werkzeug's
+        own read for a multipart form, which it parses from the stream."""
+        if self.body is None or parse_form_data:
+            return super().get_data(cache, as_text, parse_form_data)  # type: ignore[call-overload]
+        return self.body.decode(errors="replace") if as_text else self.body
+
+
+class Front:
+    def __init__(self, flask_app: Flask, pipeline: Pipeline, settings: WebSettings):
+        self.flask = WSGIMiddleware(_input_terminated(flask_app), workers=settings.threads)
+        self.pipeline, self.settings = pipeline, settings
+        self.v1 = v1.V1(settings.max_items)
+        self.routes: list[tuple[re.Pattern, Adapter]] = [(v1.PATH, self.v1), (v2.PATH, v2.V2(settings.max_items))]
+        self.max_body = int(settings.max_body_mb * 1024 * 1024)
+
+    async def __call__(self, scope: Any, receive, send) -> None:
+        route = self._route(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            return await self.flask(scope, receive, send)
+        adapter, params = route
+        environ = _environ(scope)
+        if adapter is self.v1 and (wants_async(environ.get("HTTP_PREFER", "")) or WEBHOOK_KEY in environ):
+            return await self.flask(scope, receive, send)
+        started = time.perf_counter()
+        request = PredictRequest(environ)
+        request.max_content_length = self.max_body
+        try:
+            body = await _body(receive, request.content_length, self.max_body)
+            if body is None:
+                return  # the client left before sending its body: nobody to answer
+            environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
+            request.body = body
+            keys = self.settings.api_keys
+            if keys and not auth.authorized(environ.get("HTTP_AUTHORIZATION", ""), keys):
+                raise auth.Unauthorized()
+        except Exception as exc:
+            status, data, headers = adapter.render_error(exc, request)
+        else:
+            status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
+                                                               params.get("version"))
+        name = params["name"] if params["name"] in self.pipeline.models else "unknown"
+        metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
+        if not any(k.lower() == "content-type" for k, _ in headers):
+            headers = [("Content-Type", "application/json"), *headers]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", str(len(data)).encode()),
+                                *((k.lower().encode(), v.encode()) for k, v in headers)]})
+        await send({"type": "http.response.body", "body": data})
+
+    def _route(self, scope: Any) -> tuple[Adapter, dict[str, str]] | None:
+        path = scope["path"]
+        for pattern, adapter in self.routes:
+            match = pattern.fullmatch(path)
+            if match:
+                return adapter, match.groupdict()
+        return None
+
+
+async def _body(receive, declared: int | None, limit: int) -> bytes | None:
+    """The whole body, or None if the client disconnected; 413 past the limit, 408 if it stalls.
+
+    A body over the limit, declared so or found so (chunked), is read and dropped (up
+    to DRAIN_LIMIT) before its 413, so that the client, still sending, reads the 413
+    rather than a reset connection.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    over = declared is not None and declared > limit
+    message = await receive()  # mostly the whole body, read with the head
+    while True:
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        over = over or size > limit
+        if not over:
+            chunks.append(chunk)
+        if not message.get("more_body") or size > DRAIN_LIMIT:
+            if over:
+                raise RequestEntityTooLarge()
+            return b"".join(chunks)
+        try:
+            async with asyncio.timeout(BODY_IDLE_S):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(f"the body paused for over {BODY_IDLE_S:g} s") from None
+
+
+def _environ(scope: dict) -> dict[str, Any]:
+    """The WSGI environ werkzeug reads a predict from (PEP 3333), its body put in once read.
+
+    a2wsgi's build_environ does the same for Flask's routes, but looks SCRIPT_NAME up in
+    os.environ on every request, a cost a predict need not pay (docs/performance.md).
+    """
+    environ: dict[str, Any] = {"REQUEST_METHOD": scope["method"], "SCRIPT_NAME": "",
+                               "PATH_INFO": scope["path"].encode().decode("latin-1"),
+                               "QUERY_STRING": scope["query_string"].decode("latin-1"),
+                               "SERVER_PROTOCOL": f"HTTP/{scope['http_version']}",
+                               "wsgi.url_scheme": scope.get("scheme", "http"), "wsgi.input": io.BytesIO(),
+                               "wsgi.input_terminated": True}  # read whole: a chunked body has no length
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1").upper().replace("-", "_")
+        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = "HTTP_" + key
+        text = value.decode("latin-1")
+        environ[key] = f"{environ[key]},{text}" if key in environ else text
+    return environ
+
+
+def _input_terminated(app: Any):
+    """gunicorn tells WSGI apps that a chunked body ends where its stream does; a2wsgi does not,
+    and werkzeug would then read a body without Content-Length as empty."""
+
+    def wsgi(environ: dict, start_response):
+        environ.setdefault("wsgi.input_terminated", True)
+        return app(environ, start_response)
+
+    return wsgi
