@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from funnel.common.errors import BadInput
+from funnel.web.jsonio import OPTIONS
 
 # Protocol datatype -> numpy dtype (little-endian, as the protocol sends them). BYTES is apart.
 DATATYPES: dict[str, np.dtype] = {name: np.dtype(kind).newbyteorder("<") for name, kind in {
@@ -175,24 +176,23 @@ def join_bytes(elements: list[bytes]) -> bytes:
 def output_entry(name: str, value: np.ndarray | list[bytes], shape: list[int], binary: bool,
                  chunks: list[bytes]) -> dict:
     """One output of an answer; its bytes go to chunks when sent as binary data."""
-    if isinstance(value, list):
-        datatype, raw = "BYTES", join_bytes(value)
-        data: list = [e.decode("utf-8", errors="replace") for e in value]
-    else:
-        datatype = NAMES_OF[value.dtype.name]
-        raw, data = np.ascontiguousarray(value, dtype=DATATYPES[datatype]).tobytes(), value.ravel().tolist()
+    datatype = "BYTES" if isinstance(value, list) else NAMES_OF[value.dtype.name]
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
     if binary:
+        raw = join_bytes(value) if isinstance(value, list) else \
+            np.ascontiguousarray(value, dtype=DATATYPES[datatype]).tobytes()
         entry["parameters"] = {"binary_data_size": len(raw)}
         chunks.append(raw)
-    else:
-        entry["data"] = data
+    elif isinstance(value, list):
+        entry["data"] = [e.decode("utf-8", errors="replace") for e in value]
+    else:  # written by orjson straight from the array (OPTIONS), as /v1's answers are
+        entry["data"] = np.ascontiguousarray(value, dtype=DATATYPES[datatype]).ravel()
     return entry
 
 
 def response_body(header: dict, outputs: list[dict], chunks: list[bytes]) -> tuple[bytes, dict[str, str]]:
     """The response body and its headers: JSON alone, or the JSON header followed by binary data."""
-    head = orjson.dumps({**header, "outputs": outputs})
+    head = orjson.dumps({**header, "outputs": outputs}, option=OPTIONS)
     if not chunks:
         return head, {"Content-Type": "application/json"}
     return head + b"".join(chunks), {"Content-Type": "application/octet-stream",

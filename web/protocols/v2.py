@@ -35,7 +35,7 @@ from funnel.common.tasks import Task
 from funnel.common.wire import Reply
 from funnel.web import errors
 from funnel.web.pipeline import MODEL_VERSION, Rendered, Work
-from funnel.web.protocols.tensors import NAMES_OF, Tensor, response_body, output_entry, read_inputs, split_body
+from funnel.web.protocols.tensors import NAMES_OF, Tensor, output_entry, read_inputs, response_body, split_body
 
 log = logging.getLogger("funnel.web")
 
