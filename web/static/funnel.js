@@ -197,7 +197,8 @@ function similarityView(texts, embeddings) {
        ` (${best.value.toFixed(2)})`));
 }
 
-// A form whose textarea holds one item a line: `send` gets its non-empty lines, trimmed.
+// A form whose textarea holds one item a line: `send` gets its non-empty lines, trimmed;
+// Ctrl+Enter (Cmd+Enter) submits it.
 function onLines(panel, selector, what, send) {
   const form = $(panel, selector), textarea = $(form, "textarea");
   form.addEventListener("submit", async event => {
@@ -208,6 +209,9 @@ function onLines(panel, selector, what, send) {
       return;
     }
     await send(lines);
+  });
+  textarea.addEventListener("keydown", event => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
   });
 }
 
@@ -232,9 +236,6 @@ function setupText(panel) {
     }
     setResult(panel, "done", similarityView(texts, body.results.map(r => r.embedding)),
               timings(body.roundTripMs, body.meta));
-  });
-  textarea.addEventListener("keydown", event => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
   });
 }
 
