@@ -64,37 +64,39 @@ class JobStore:
 
     # -- create ----------------------------------------------------------------
 
-    def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict]) -> list[bytes]:
+    def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict],
+                      version: int = 1) -> list[bytes]:
         """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
         replying into the job's results hash. Encoded one by one, so only the wire bytes of every
         item are held, not their tensors too."""
         results = self.keys.job_results(job_id)
         return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, inputs=item, reply_to=results,
-                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms))
+                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version))
                 for i, item in enumerate(inputs)]
 
-    def check_room(self, model: str, adding: int, max_bulk_queue: int) -> None:
-        """Overloaded (503) when `adding` more items would make the model's bulk queue longer than
-        max_bulk_queue."""
+    def check_room(self, model: str, adding: int, max_bulk_queue: int, version: int = 1) -> None:
+        """Overloaded (503) when `adding` more items would make the model version's bulk queue longer
+        than max_bulk_queue."""
         self.usable()
-        queued: int = self.client.llen(self.keys.bulk(model))
+        queued: int = self.client.llen(self.keys.bulk(model, version))
         if queued + adding > max_bulk_queue:
             raise Overloaded(f"the {model} bulk queue holds {queued} items; {adding} more would pass "
                              f"its limit of {max_bulk_queue}; retry later", retry_after=30)
 
     def create(self, job_id: str, model: str, created_ms: int, payloads: list[bytes], body_sha256: str,
-               webhook: str | None = None, idempotency_key: str | None = None) -> tuple[jobs.Record, bool]:
+               webhook: str | None = None, idempotency_key: str | None = None,
+               version: int = 1) -> tuple[jobs.Record, bool]:
         """Write the record and queue every item in one transaction: (the record, False). With an
         Idempotency-Key that a concurrent submit used first: (that job's record, True), nothing
         written; Conflict if that submit's body differed."""
         self.usable()
         ttl_ms = self.ttl_s * 1000
         record: dict = {
-            "model": model, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
+            "model": model, "version": version, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
             "created_ms": created_ms, "finished_ms": 0, "ttl_ms": ttl_ms, "state": "active",
             "body_sha256": body_sha256, **({"webhook_url": webhook} if webhook else {})}
         idem = self._idempotency(model, idempotency_key) if idempotency_key is not None else None
-        job, bulk = self.keys.job(job_id), self.keys.bulk(model)
+        job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:

@@ -41,7 +41,7 @@ FINAL_STATES = ("done", "failed", "cancelled")
 
 # Record fields, all strings in Redis; "state" is "active" until cancelled. The webhook_* fields
 # exist only for a job submitted with a webhook; worker/webhook.py writes all but the URL.
-FIELDS = ("model", "total", "done", "failed", "duplicates", "created_ms", "finished_ms",
+FIELDS = ("model", "version", "total", "done", "failed", "duplicates", "created_ms", "finished_ms",
           "ttl_ms", "state", "body_sha256", "webhook_url", "webhook_state", "webhook_attempts",
           "webhook_last_status", "webhook_last_error", "webhook_next_ms", "webhook_claim")
 
@@ -84,6 +84,7 @@ class Record:
     webhook_last_status: int = 0  # the receiver's last HTTP status (0: none came back)
     webhook_last_error: str = ""
     webhook_next_ms: int = 0
+    version: int = 1  # the model version its items run on, chosen at submit
 
     @classmethod
     def parse(cls, job_id: str, raw: dict) -> Record:
@@ -101,7 +102,7 @@ class Record:
                    webhook_state=fields.get("webhook_state", ""), webhook_attempts=number("webhook_attempts"),
                    webhook_last_status=number("webhook_last_status"),
                    webhook_last_error=fields.get("webhook_last_error", ""),
-                   webhook_next_ms=number("webhook_next_ms"))
+                   webhook_next_ms=number("webhook_next_ms"), version=number("version") or 1)
 
     @property
     def state(self) -> str:
@@ -115,7 +116,7 @@ class Record:
         """The job as GET /v1/jobs/<id> shows it (without a page of results), and as its webhook
         delivers it (webhook=False: without the delivery's own state)."""
         body: dict = {
-            "id": self.id, "model": self.model, "state": self.state,
+            "id": self.id, "model": self.model, "model_version": self.version, "state": self.state,
             "progress": {"done": self.done, "total": self.total, "failed": self.failed},
             "created_ms": self.created_ms, "finished_ms": self.finished_ms or None,
             "ttl_s": self.ttl_ms // 1000,

@@ -6,12 +6,16 @@ Cluster hash tag, `{<model>}`: Redis hashes only what is between the braces,
 so on a cluster a model's queues, its workers' in-flight lists and heartbeat
 hashes, its dead letters and the reply lists its workers answer to share one
 hash slot (one node), and different models spread over the nodes. On a single
-Redis the braces are just characters. Layout (docs/redis.md):
+Redis the braces are just characters. Each version of a model (the store's
+`<name>/<version>/`) has its own two queues, under the model's tag, so a
+version's workers take only its jobs and every version stays in the model's
+slot. Layout (docs/redis.md):
 
-    funnel:queue:{text-embedding}              funnel:bulk:{text-embedding}
+    funnel:queue:{text-embedding}:<version>    funnel:bulk:{text-embedding}:<version>
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
+    funnel:traffic:{text-embedding}            (version -> weight, common/traffic.py)
 
 Keys read only by single-key commands (funnel:workers, funnel:device-claims)
 and the bulk jobs' keys (funnel:job:<id>..., funnel:webhooks) carry no tag.
@@ -32,6 +36,13 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_version(version: int) -> int:
+    """A model version: a positive integer, as Triton and the Open Inference Protocol number them."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"not a valid model version: {version!r} (a positive integer)")
+    return version
+
+
 def tag(model: str) -> str:
     """The hash tag of a model's keys: on Redis Cluster they all hash to one slot."""
     return "{" + check_name(model) + "}"
@@ -48,9 +59,10 @@ class Keys:
         if "{" in self.prefix or "}" in self.prefix:
             raise ValueError(f"the key prefix may not hold braces (hash tags): {self.prefix!r}")
 
-    def queue(self, model: str) -> str:
-        """List of msgpack jobs: web LPUSHes, workers take from the right."""
-        return f"{self.prefix}:queue:{tag(model)}"
+    def queue(self, model: str, version: int = 1) -> str:
+        """List of msgpack jobs for one version of a model: web LPUSHes, that version's workers
+        take from the right."""
+        return f"{self.prefix}:queue:{tag(model)}:{check_version(version)}"
 
     def reply(self, model: str, name: str) -> str:
         """List of msgpack replies for jobs of `model`: one web process's inbox ("web-<hex>"), or
@@ -64,9 +76,15 @@ class Keys:
         return (key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))) or (
             not self.cluster and bool(self.job_of_results(key)))
 
-    def bulk(self, model: str) -> str:
-        """List of msgpack jobs that are items of async and bulk jobs: taken after the interactive queue."""
-        return f"{self.prefix}:bulk:{tag(model)}"
+    def bulk(self, model: str, version: int = 1) -> str:
+        """List of msgpack jobs that are items of async and bulk jobs for one version of a model:
+        taken after that version's interactive queue."""
+        return f"{self.prefix}:bulk:{tag(model)}:{check_version(version)}"
+
+    def traffic(self, model: str) -> str:
+        """Hash: version -> weight, the model's traffic policy (common/traffic.py, the one home
+        of how it is read and written); absent: the highest live version takes everything."""
+        return f"{self.prefix}:traffic:{tag(model)}"
 
     def job(self, job_id: str) -> str:
         """Hash: one async or bulk job's record (common/jobs.py), with a TTL."""
@@ -131,9 +149,18 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "bulk", "reply", "inflight", "recovering", "worker", "dead", "job",
-                        "idempotency"):
+                        "idempotency", "traffic"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
+
+
+def version_of(key: str) -> int:
+    """The version a queue or bulk key names ("funnel:queue:{m}:2" -> 2), else 0."""
+    end = key.find("}")
+    head, _, tail = key[end + 1:].rpartition(":") if end >= 0 else ("", "", "")
+    if head == "" and tail.isdigit() and tail == str(int(tail)) and int(tail) > 0:
+        return int(tail)
+    return 0
 
 
 def model_of(key: str) -> str:

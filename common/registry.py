@@ -3,7 +3,9 @@
 Each worker keeps `funnel:worker:{<model>}:<id>`, a hash with a heartbeat TTL, holding
 its description (INFO_FIELDS), its running totals (COUNTERS) and its
 batch-size histogram (one `batch_le_<n>` field per bucket), and lists itself
-in `funnel:workers` (id -> model) until its jobs are recovered. Workers write
+in `funnel:workers` (id -> model) until its jobs are recovered. A worker serves
+one version of its model (`version`, absent from the hashes of workers from
+before versions: version 1). Workers write
 through `publish`; the web tier (/v1/models, /readyz, /metrics), `funnel
 inspect` and the workers themselves (device choice, recovery) read through
 the functions below, so the field names live here and nowhere else.
@@ -11,7 +13,7 @@ the functions below, so the field names live here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
@@ -19,7 +21,8 @@ import redis
 from funnel.common.keys import Keys
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
-INFO_FIELDS = ("model", "backend", "device", "batch_size", "linger_ms", "pid", "host", "started", "seen")
+INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "pid", "host", "started",
+               "seen")
 
 # Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
 COUNTERS = {
@@ -100,6 +103,21 @@ def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
             for worker_id, info in zip(ids, found) if info]
 
 
+def version_of(worker: Mapping[str, str]) -> int:
+    """The model version a worker serves, from its hash: 1 when the field is absent (a worker from
+    before versions); 0 when it is not a positive integer (a hash written by hand)."""
+    try:
+        version = int(worker.get("version", 1))
+    except ValueError:
+        return 0
+    return version if version >= 1 else 0
+
+
+def versions_live(workers: Iterable[Mapping[str, str]], model: str) -> set[int]:
+    """The versions of `model` with at least one live worker, from live_workers()."""
+    return {v for w in workers if w.get("model") == model and (v := version_of(w))}
+
+
 def counter(worker: Mapping[str, str], name: str) -> float:
     """One of a worker's COUNTERS from its hash (0 before its first heartbeat with it)."""
     return float(worker.get(name, 0))
@@ -126,9 +144,24 @@ def batch_histogram(worker: Mapping[str, str]) -> list[tuple[int, int]]:
     return out
 
 
-def queue_lengths(client: redis.Redis, keys: Keys, models: list[str]) -> dict[str, int]:
-    """Jobs waiting in each model's queue, in one round trip."""
+def queue_lengths(client: redis.Redis, keys: Keys, models: list[str],
+                  versions: Mapping[str, Iterable[int]] | None = None) -> dict[str, int]:
+    """Jobs waiting in each model's interactive queues, all its versions together (`versions`:
+    model -> its versions; a model not in it, or no mapping: version 1 alone), in one round trip."""
+    versions = versions or {}
+    by_version = version_queue_lengths(client, keys, {m: versions.get(m, (1,)) for m in models})
+    return {model: sum(by_version[model].values()) for model in models}
+
+
+def version_queue_lengths(client: redis.Redis, keys: Keys, versions: Mapping[str, Iterable[int]],
+                          bulk: bool = False) -> dict[str, dict[int, int]]:
+    """Jobs waiting in each version's interactive queue (bulk: its bulk queue), model -> version
+    -> length, in one round trip."""
+    pairs = [(model, version) for model, listed in versions.items() for version in listed]
     pipe = client.pipeline(transaction=False)
-    for model in models:
-        pipe.llen(keys.queue(model))
-    return dict(zip(models, pipe.execute()))
+    for model, version in pairs:
+        pipe.llen(keys.bulk(model, version) if bulk else keys.queue(model, version))
+    out: dict[str, dict[int, int]] = {model: {} for model in versions}
+    for (model, version), length in zip(pairs, pipe.execute()):
+        out[model][version] = length
+    return out

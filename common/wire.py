@@ -4,6 +4,10 @@ A tensor is a map {dtype, shape, data} with data the raw C-order bytes, read
 back with numpy.frombuffer without a copy. Decoding is strict: an unknown
 version, a missing or mistyped field or an oversized message raises
 WireError, never anything else.
+
+A field added later is optional on decoding, with the value the messages before
+it meant (`raw`: False; `version`: 1, the one version a model had), so the
+protocol version stays 1 and old and new processes read each other's messages.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ class Job:
     enqueued: int = field(default_factory=now_ms)  # epoch ms
     attempt: int = 0
     raw: bool = False  # answer the model's own output rows, not the task's postprocessed result
+    version: int = 1  # the model version that must run it (its queue's version)
 
 
 def encode_job(job: Job) -> bytes:
@@ -129,8 +134,18 @@ def encode_job(job: Job) -> bytes:
         "v": VERSION, "id": job.id, "model": job.model,
         "inputs": {name: pack_tensor(t) for name, t in job.inputs.items()},
         "reply_to": job.reply_to, "deadline": job.deadline,
-        "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw,
+        "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
     })
+
+
+def _version(obj: dict) -> int:
+    """A message's model version: optional (1 for messages from before versions), a positive int."""
+    version = _field(obj, "version", int, optional=True)
+    if version is None:
+        return 1
+    if version < 1:
+        raise WireError(f"model version must be a positive integer, got {version}")
+    return version
 
 
 def decode_job(data: Any) -> Job:
@@ -144,6 +159,7 @@ def decode_job(data: Any) -> Job:
         reply_to=_field(obj, "reply_to", str), deadline=_field(obj, "deadline", int),
         enqueued=_field(obj, "enqueued", int), attempt=_field(obj, "attempt", int),
         raw=bool(_field(obj, "raw", bool, optional=True)),  # optional: jobs of version-1 webs lack it
+        version=_version(obj),  # optional: jobs from before model versions lack it
     )
 
 
@@ -172,6 +188,7 @@ class Reply:
     batch_size: int = 0
     queue_ms: float = 0.0
     infer_ms: float = 0.0
+    version: int = 1  # the model version that computed it (or refused it)
 
     @classmethod
     def failure(cls, job_id: str, code: str, message: str, **meta: Any) -> Reply:
@@ -182,7 +199,7 @@ def encode_reply(reply: Reply) -> bytes:
     obj: dict[str, Any] = {
         "v": VERSION, "id": reply.id, "ok": reply.ok, "worker": reply.worker,
         "batch_size": reply.batch_size, "queue_ms": float(reply.queue_ms),
-        "infer_ms": float(reply.infer_ms),
+        "infer_ms": float(reply.infer_ms), "version": reply.version,
     }
     if reply.ok:
         obj["outputs"] = {name: pack_tensor(v) if isinstance(v, np.ndarray) else v
@@ -208,4 +225,5 @@ def decode_reply(data: Any) -> Reply:
         id=_field(obj, "id", str), ok=ok, outputs=outputs, error=error,
         worker=_field(obj, "worker", str), batch_size=_field(obj, "batch_size", int),
         queue_ms=_field(obj, "queue_ms", (int, float)), infer_ms=_field(obj, "infer_ms", (int, float)),
+        version=_version(obj),  # optional: replies from before model versions lack it
     )

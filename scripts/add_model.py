@@ -2,7 +2,7 @@
 
     funnel add NAME --task mypackage.tasks:Detector --onnx detector.onnx [--torchscript detector.pt]
                [--file labels=labels.txt ...] [--set top_k=3 ...] [--batch-size 16]
-               [--description TEXT] [--store model_store]
+               [--description TEXT] [--version N] [--store model_store]
 
 The task is a funnel.common.tasks.Task subclass in a package of yours,
 importable where the web tier and the workers run (or the name of a
@@ -11,7 +11,13 @@ gives (named as the graph's inputs) and returns outputs with one row per item.
 `--file KEY=PATH` copies a file the task reads into the folder and records it
 under KEY (the task opens it with `self.spec.file(KEY)`); `--set KEY=VALUE`
 adds a JSON value to model.json for the task to read from `self.spec.config`.
-No Funnel source changes: docs/models.md, "Adding a model", walks through one.
+`--version N` adds the model as version N (`<store>/NAME/N/`), beside its
+other versions (a model added without versions becomes version 1, in `NAME/1/`);
+without it, the model is written as today: version 1, in `NAME/` itself (or
+`NAME/1/` if the model already has version folders). Workers serve one
+version each (`funnel-worker --model NAME:N`); `funnel traffic` shares the
+requests between them. No Funnel source changes: docs/models.md, "Adding a
+model", walks through one, and "Versions" through a second version.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from funnel.common import tasks
-from funnel.common.keys import check_name
-from funnel.common.store import load_spec, write_model
+from funnel.common.keys import check_name, check_version
+from funnel.common.store import list_versions, load_spec, write_model
 
 
 def graph_names(onnx_path: Path) -> tuple[list[str], list[str]]:
@@ -95,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a model.json field for the task (a JSON value, or a string)")
     p.add_argument("--batch-size", type=int, default=16, help="the workers' default batch size")
     p.add_argument("--description", default="", help="one line, shown by GET /v1/models and the page")
+    p.add_argument("--version", type=int, default=None, metavar="N",
+                   help="add it as version N (a positive integer) beside the model's other versions "
+                        "(default: version 1, written flat in the model's folder)")
     p.add_argument("--store", default="model_store", help="the model store directory")
     return p
 
@@ -103,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         check_name(args.name)
+        if args.version is not None:
+            check_version(args.version)
         tasks.task_class(args.task)  # fail here, not when the web tier starts
     except ValueError as exc:
         raise SystemExit(f"funnel add: {exc}") from None
@@ -111,13 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.onnx, args.torchscript):
         if path is not None and not path.is_file():
             raise SystemExit(f"funnel add: no such file: {path}")
-    folder = write_model(args.store, args.name, lambda tmp: build(args, tmp))
+    folder = write_model(args.store, args.name, lambda tmp: build(args, tmp), args.version)
+    version = args.version or 1  # without --version, write_model writes version 1
     try:
-        task = tasks.load(load_spec(args.store, args.name))  # model.json as the tiers will read it
+        task = tasks.load(load_spec(args.store, args.name, version))  # model.json as the tiers will read it
     except (ValueError, KeyError) as exc:
         shutil.rmtree(folder)
         raise SystemExit(f"funnel add: {args.name}: {exc}") from None
-    print(f"{args.name}: added to {folder} ({type(task).__name__}, input kind {task.input_kind})")
+    print(f"{args.name}: version {version} added to {folder} ({type(task).__name__}, "
+          f"input kind {task.input_kind}; versions now {', '.join(map(str, list_versions(args.store, args.name)))})")
     return 0
 
 

@@ -5,7 +5,9 @@
     funnel worker    one worker daemon (also `funnel-worker`)
     funnel prepare   build the model store from the weights Funnel ships with
     funnel add       add your own ONNX / TorchScript model, with its task, to the store
-    funnel inspect   queues, in-flight jobs, dead letters and workers, from Redis
+                     (--version N: as version N of the model, beside the others)
+    funnel traffic   show or set a model's traffic policy: the share each version takes
+    funnel inspect   models, versions, queues, in-flight jobs, dead letters and workers, from Redis
     funnel client    ask a server for answers (the funnel-client distribution's CLI)
     funnel stress    many concurrent clients against a server, with latency figures
 
@@ -26,7 +28,9 @@ COMMANDS: dict[str, tuple[str, str, tuple[entry.Extra, ...]]] = {
     "web": ("funnel.web.server", "the web tier (gunicorn + Flask)", (WEB,)),
     "worker": ("funnel.worker.main", "one worker daemon", (WORKER,)),
     "prepare": ("funnel.scripts.prepare_model", "build the model store from the packaged weights", (PREPARE,)),
-    "add": ("funnel.scripts.add_model", "add your own ONNX / TorchScript model to the store", ()),
+    "add": ("funnel.scripts.add_model", "add your own ONNX / TorchScript model (or a version of one) to the store",
+            ()),
+    "traffic": ("funnel.scripts.traffic", "show, set or clear a model's traffic weights per version", ()),
     "inspect": ("funnel.scripts.inspect_redis", "look inside Redis", ()),
     "client": ("funnel_client.cli", "ask a server for answers", ()),
     "stress": ("funnel.scripts.stress_test", "load a server with concurrent clients", ()),

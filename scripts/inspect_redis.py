@@ -1,8 +1,12 @@
-"""`funnel inspect`: look inside a running Funnel: queues, in-flight jobs, dead letters, workers, a job.
+"""`funnel inspect`: look inside a running Funnel: models and their versions, queues, in-flight jobs,
+dead letters, workers, a job.
 
-    funnel inspect [--redis-url URL] [--prefix funnel]            # summary
-    funnel inspect show 'funnel:queue:{text-embedding}' [INDEX]   # a job as JSON
+    funnel inspect [--redis-url URL] [--prefix funnel]              # summary
+    funnel inspect show 'funnel:queue:{text-embedding}:1' [INDEX]   # a job of version 1's queue as JSON
     funnel inspect show 'funnel:dead:{image-classifier}' 0
+
+The summary opens with each model's versions: the live workers of each, its
+queue and bulk queue lengths, and its traffic weight (`funnel traffic`).
 
 Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
 left and taken from the right.
@@ -18,9 +22,9 @@ import time
 
 import redis
 
-from funnel.common import registry
+from funnel.common import registry, traffic
 from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys, model_of
+from funnel.common.keys import Keys, model_of, version_of
 from funnel.common.wire import WireError, decode_job
 
 
@@ -32,7 +36,8 @@ def job_json(raw: bytes) -> dict:
         return {"undecodable": str(exc), "bytes": len(raw), "head": raw[:32].hex()}
     now = time.time() * 1000
     return {
-        "id": job.id, "model": job.model, "reply_to": job.reply_to, "attempt": job.attempt,
+        "id": job.id, "model": job.model, "version": job.version, "reply_to": job.reply_to,
+        "attempt": job.attempt,
         "age_s": round((now - job.enqueued) / 1000, 3),
         "deadline_in_s": round((job.deadline - now) / 1000, 3),
         "inputs": {name: {"dtype": t.dtype.name, "shape": list(t.shape)} for name, t in job.inputs.items()},
@@ -43,9 +48,52 @@ def keys_of(client: redis.Redis, pattern: str) -> list[str]:
     return sorted(k.decode() for k in scan_keys(client, pattern))  # every primary of a cluster
 
 
+def routing(weights: dict[int, int], live: set[int]) -> str:
+    """Where a model's unpinned requests go now (traffic.choose's rule, in words)."""
+    weighted = {v: w for v, w in weights.items() if w > 0 and v in live}
+    if len(weighted) > 1:
+        total = sum(weighted.values())
+        return ", ".join(f"version {v} {100 * w / total:.0f}%" for v, w in sorted(weighted.items()))
+    chosen = traffic.choose(weights, live)
+    return "nothing: no version has a live worker" if chosen is None else f"version {chosen}"
+
+
+def versions_table(client: redis.Redis, keys: Keys, workers: list[dict[str, str]]) -> list[str]:
+    """Each model's versions: live workers, queue and bulk lengths, traffic weight (and the policy)."""
+    versions: dict[str, set[int]] = {}
+    for worker in workers:
+        if registry.version_of(worker):
+            versions.setdefault(worker.get("model", ""), set()).add(registry.version_of(worker))
+    for kind in ("queue", "bulk"):
+        for key in keys_of(client, keys.pattern(kind)):
+            if model_of(key) and version_of(key):
+                versions.setdefault(model_of(key), set()).add(version_of(key))
+    policies = {}
+    for key in keys_of(client, keys.pattern("traffic")):
+        if model_of(key):
+            policies[model_of(key)] = traffic.read(client, keys, model_of(key))
+            versions.setdefault(model_of(key), set()).update(policies[model_of(key)])
+    versions.pop("", None)
+    queued = registry.version_queue_lengths(client, keys, versions)
+    bulk = registry.version_queue_lengths(client, keys, versions, bulk=True)
+    lines = [f"{'model':<32}{'version':>8}{'live workers':>14}{'queued':>8}{'bulk':>8}{'weight':>8}"]
+    for model in sorted(versions):
+        weights = policies.get(model, {})
+        for version in sorted(versions[model]):
+            live = sum(w.get("model") == model and registry.version_of(w) == version for w in workers)
+            lines.append(f"{model:<32}{version:>8}{live:>14}{queued[model][version]:>8}{bulk[model][version]:>8}"
+                         f"{weights.get(version, '-')!s:>8}")
+        policy = f"traffic {traffic.describe(weights)}" if weights else "no traffic policy"
+        going = routing(weights, registry.versions_live(workers, model))
+        lines.append(f"    {policy}; unpinned requests go to {going}")
+    return lines
+
+
 def summary(client: redis.Redis, keys: Keys) -> str:
-    lines = [f"{'queue':<44}{'jobs':>6}  oldest"]
-    for key in keys_of(client, keys.pattern("queue")):
+    workers = registry.live_workers(client, keys)
+    lines = [*versions_table(client, keys, workers), ""]
+    lines += [f"{'queue':<44}{'jobs':>6}  oldest"]
+    for key in [*keys_of(client, keys.pattern("queue")), *keys_of(client, keys.pattern("bulk"))]:
         oldest = client.lindex(key, -1)
         age = f"{job_json(oldest).get('age_s', '?')} s" if oldest else "-"
         lines.append(f"{key:<44}{client.llen(key):>6}  {age}")
@@ -59,7 +107,7 @@ def summary(client: redis.Redis, keys: Keys) -> str:
     for key in keys_of(client, keys.pattern("dead")):
         lines.append(f"{key:<44}{client.llen(key):>6}")
     lines += ["", "workers (live)"]
-    live = {w["id"]: w for w in registry.live_workers(client, keys)}
+    live = {w["id"]: w for w in workers}
     for worker_id in sorted(registry.registered(client, keys)):
         info = live.get(worker_id)
         if info is None:
@@ -68,7 +116,8 @@ def summary(client: redis.Redis, keys: Keys) -> str:
         seen = time.time() - float(info.get("seen", 0))
         totals = " ".join(f"{name} {registry.counter(info, name):g}" for name in ("batches", "items", "errors"))
         lines.append(f"  {worker_id}: {info.get('model')} {info.get('backend')} {info.get('device')} "
-                     f"batch {info.get('batch_size')} | {totals} | seen {seen:.1f} s ago")
+                     f"batch {info.get('batch_size')} | version {registry.version_of(info)} | {totals} "
+                     f"| seen {seen:.1f} s ago")
     return "\n".join(lines)
 
 
@@ -86,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(client, keys))
         return 0
     if not args.key:
-        parser.error("show needs a key, e.g. 'funnel:queue:{text-embedding}'")
+        parser.error("show needs a key, e.g. 'funnel:queue:{text-embedding}:1'")
     raw = client.lindex(args.key, args.index)
     if raw is None:
-        print(f"{args.key}[{args.index}]: no such job", file=sys.stderr)
+        hint = ""
+        if args.key.endswith("}") and any(args.key.startswith(f"{keys.prefix}:{kind}:") for kind in ("queue", "bulk")):
+            hint = f" (each version has its own queue: '{args.key}:1' is version 1's)"
+        print(f"{args.key}[{args.index}]: no such job{hint}", file=sys.stderr)
         return 1
     print(json.dumps(job_json(raw), indent=2))
     return 0

@@ -30,7 +30,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from funnel.common.store import write_model  # noqa: E402
+from funnel.common.store import version_path, write_model  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -292,8 +292,9 @@ def is_current(folder: Path) -> bool:
 
 
 def build_folder(store: Path, name: str, force: bool, build) -> Path:
-    """Build the folder unless it is already current (STORE_FORMAT)."""
-    folder = store / name
+    """Build version 1's folder (the entry itself, unless it has version folders) unless it is already
+    current (STORE_FORMAT)."""
+    folder = version_path(store, name, 1)
     if not force and is_current(folder):
         print(f"{name}: already in {folder}")
         return folder

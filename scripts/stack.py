@@ -1,7 +1,9 @@
 """`funnel up`: the whole stack as plain processes: Redis, the web tier, one worker per model.
 
 `make up` runs this; the end-to-end tests and benchmarks use the Stack class
-to start exactly what a user starts.
+to start exactly what a user starts. Each worker serves its model's highest
+version in the store at its start; a worker of the Stack class may be given
+NAME:N instead of a model name to serve version N (start_worker, workers).
 
     funnel up [--port 8000] [--redis-port 6390] [--model-store model_store] [--backend onnx]
               [--batch-size N | MODEL=N,...] [--linger-ms MS | MODEL=MS,...] [--workers-per-model N]
@@ -36,6 +38,11 @@ from funnel.web.settings import WebSettings
 from funnel.worker.settings import WorkerSettings
 
 
+def model_name(model: str) -> str:
+    """A worker's model without its version: "text-embedding:2" -> "text-embedding"."""
+    return model.partition(":")[0]
+
+
 def get_json(url: str, timeout: float = 2.0, headers: dict | None = None) -> dict:
     request = urllib.request.Request(url, headers=headers or {})
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -67,7 +74,7 @@ class Stack(processes.Service):
             # more per core than one session on all of them (benchmarks/README.md).
             self.worker_env = {"FUNNEL_INTRA_OP_THREADS": str(max(1, (os.cpu_count() or 1) // workers_per_model)),
                                "FUNNEL_SPINNING": "0", **self.worker_env}
-        self.model_env = model_env or {}  # model -> settings for its workers alone, over worker_env
+        self.model_env = model_env or {}  # model -> settings for its workers (of any version) alone, over worker_env
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)
         self.redis_url = redis_url or self.redis.url
@@ -95,11 +102,14 @@ class Stack(processes.Service):
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def worker_environment(self, model: str, **env: str) -> dict[str, str]:
-        """The environment a worker for `model` starts with: its settings are FUNNEL_* variables."""
-        return self._env({"FUNNEL_MODEL": model, **self.worker_env, **self.model_env.get(model, {}), **env})
+        """The environment a worker for `model` (NAME, or NAME:N for version N) starts with: its
+        settings are FUNNEL_* variables."""
+        return self._env({"FUNNEL_MODEL": model, **self.worker_env, **self.model_env.get(model_name(model), {}),
+                          **env})
 
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
-        worker = self._spawn(f"worker-{model}-{len(self.workers)}", ["funnel.worker"],
+        """A worker for `model`: NAME serves its highest version in the store, NAME:N version N."""
+        worker = self._spawn(f"worker-{model.replace(':', '-v')}-{len(self.workers)}", ["funnel.worker"],
                              self.worker_environment(model, **env))
         self.workers.append(worker)
         return worker
@@ -121,7 +131,8 @@ class Stack(processes.Service):
     def wait_ready(self, timeout_s: float, expected: dict[str, int] | None = None) -> None:
         """Until the web answers and each model has its live workers (default: one per worker started)."""
         if expected is None:
-            expected = {m: self.worker_models.count(m) for m in self.worker_models}
+            names = [model_name(m) for m in self.worker_models]
+            expected = {m: names.count(m) for m in names}
         deadline = time.monotonic() + timeout_s
         while not self._ready(expected):
             if self.web.poll() is not None:
@@ -212,8 +223,8 @@ def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="port of the private redis-server funnel up starts; not used when FUNNEL_REDIS_URL "
                              "names a Redis of your own, which is used instead (default: %(default)s)")
     parser.add_argument("--model-store", metavar="DIR", default=environ.get("FUNNEL_MODEL_STORE", "model_store"),
-                        help="model store folder (funnel prepare builds it); every model in it is served "
-                             "(default: %(default)s, from FUNNEL_MODEL_STORE when set)")
+                        help="model store folder (funnel prepare builds it); every model in it is served, "
+                             "each at its highest version (default: %(default)s, from FUNNEL_MODEL_STORE when set)")
     parser.add_argument("--backend", default=environ.get("FUNNEL_BACKEND", "onnx"), choices=["onnx", "torch"],
                         help="the workers' inference backend: onnx (ONNX Runtime) or torch (TorchScript) "
                              "(default: %(default)s, from FUNNEL_BACKEND when set)")

@@ -1,18 +1,18 @@
-"""The toy scorer of tests/third_party/toyscore: its ONNX graph, its expected answers, and `funnel add` for it.
+"""The toy models of tests/third_party/toyscore: their ONNX graphs, expected answers, and `funnel add` for them.
 
-Used by the your-own-model test, and in its PacedScore variant (a run that takes
-a known time, whatever the CPU does) by the load-shedding test, the batching
-test (a batch's fixed cost the adaptive linger learns) and the worker-crash
-tests (a worker that holds its batch long enough to be killed mid-batch).
+The scorer is used by the your-own-model test, and in its PacedScore variant (a
+run that takes a known time, whatever the CPU does) by the load-shedding test,
+the batching test (a batch's fixed cost the adaptive linger learns) and the
+worker-crash tests (a worker that holds its batch long enough to be killed
+mid-batch). The scaler (ScaledList, ScaledByWidth: a variable-length output) by
+the ragged-outputs test.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,26 @@ def write_graph(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+SCALE = 2.0
+
+
+def write_scale_graph(path: Path) -> None:
+    """scaled = values * SCALE, with dynamic batch and width axes: a row as wide as its run's input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["values", "scale"], ["scaled"])],
+        "toy-scale",
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", "width"])],
+        [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["batch", "width"])],
+        [numpy_helper.from_array(np.array(SCALE, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def outside_env() -> dict:
     """The environment of a user whose package is importable: only PYTHONPATH names it."""
     return {**os.environ, "PYTHONPATH": str(PACKAGE_DIR)}
@@ -77,14 +97,14 @@ def add_paced(store: Path, work: Path, name: str, batch_s: float, item_s: float 
     assert done.returncode == 0, done.stderr
 
 
-@contextlib.contextmanager
-def importable() -> Iterator[None]:
-    """The toy's package importable in this process (a worker run in a thread loads its task here)."""
-    sys.path.insert(0, str(PACKAGE_DIR))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(PACKAGE_DIR))
+def add_scaled(store: Path, work: Path, name: str, task: str = "toyscore.tasks:ScaledList",
+               batch_size: int = 4, *extra: str) -> None:
+    """`funnel add` a variable-length output: ScaledList (a row as wide as its batch's widest input) or
+    ScaledByWidth (as wide as its own, by buckets)."""
+    write_scale_graph(work / "scale.onnx")
+    done = funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "scale.onnx"),
+                  "--batch-size", str(batch_size), *extra, env=outside_env())
+    assert done.returncode == 0, done.stderr
 
 
 def vectors(n: int, seed: int = 0) -> list[list[float]]:

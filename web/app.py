@@ -12,15 +12,15 @@ import logging
 from pathlib import Path
 
 import redis
-from flask import Flask, Response, jsonify, render_template
+from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from funnel.common import tasks
-from funnel.common.registry import live_workers, queue_lengths
-from funnel.common.store import list_models, load_spec
-from funnel.common.tasks import Task
+from funnel.common import registry, traffic
+from funnel.common.errors import BadInput
+from funnel.common.registry import live_workers
 from funnel.web import auth, errors, openapi
 from funnel.web import metrics as web_metrics
+from funnel.web.catalog import Catalog
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.pipeline import Pipeline
 from funnel.web.protocols import jobs, v2
@@ -29,17 +29,16 @@ from funnel.web.settings import WebSettings
 log = logging.getLogger("funnel.web")
 
 
-def load_models(settings: WebSettings) -> dict[str, Task]:
-    """Each served model's task, with the limits FUNNEL_LIMITS overrides."""
-    names = settings.models or list_models(settings.model_store)
-    if not names:
-        raise SystemExit(f"no models in {settings.model_store}: run funnel prepare --store {settings.model_store}")
+def catalog_of(settings: WebSettings) -> Catalog:
+    """The served models, their versions live from the store, with the limits FUNNEL_LIMITS overrides."""
     limits = parse_limits(settings.limits)
-    models = {name: tasks.load(load_spec(settings.model_store, name), limits) for name in names}
-    unused = set(limits) - {name for task in models.values() for name in task.limits}
+    catalog = Catalog(settings.model_store, settings.models, limits)
+    if not catalog.names():
+        raise SystemExit(f"no models in {settings.model_store}: run funnel prepare --store {settings.model_store}")
+    unused = set(limits) - {name for task in catalog.tasks() for name in task.limits}
     if unused:
         raise SystemExit(f"FUNNEL_LIMITS names {', '.join(sorted(unused))}, which no served model has")
-    return models
+    return catalog
 
 
 def parse_limits(pairs: list[str]) -> dict[str, int]:
@@ -49,14 +48,26 @@ def parse_limits(pairs: list[str]) -> dict[str, int]:
         raise SystemExit(f"FUNNEL_LIMITS takes name=integer pairs, not {pairs!r}") from None
 
 
-def describe(task: Task, workers: list[dict], queue_length: int) -> dict:
-    """One model as GET /v1/models shows it: spec, task fields, limits, queue and live workers."""
+def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
+    """One model as GET /v1/models shows it: its newest version's spec, task fields and limits, then
+    every version with its queue, live workers and traffic weight, and the model's totals."""
+    versions = pipeline.catalog.versions(name)
+    task = versions[max(versions)]
+    weights = traffic.read(pipeline.client, pipeline.keys, name)
+    with pipeline.client.pipeline(transaction=False) as pipe:
+        for version in versions:
+            pipe.llen(pipeline.keys.queue(name, version))
+        lengths = dict(zip(versions, pipe.execute()))
+    mine = [w for w in workers if w.get("model") == name]
     return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
-            "queue": queue_length, "workers": [w for w in workers if w.get("model") == task.spec.name]}
+            "queue": sum(lengths.values()), "workers": mine,
+            "traffic": {str(v): weight for v, weight in sorted(weights.items())} or None,
+            "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v),
+                          "workers": [w["id"] for w in mine if registry.version_of(w) == v]}
+                         for v in sorted(versions)]}
 
 
 def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
-    models, client, keys = pipeline.models, pipeline.client, pipeline.keys
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_body_mb * 1024 * 1024)
@@ -64,21 +75,22 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     app.register_blueprint(openapi.blueprint)
     errors.install(app)
     auth.install(app, settings.api_keys)
-    app.register_blueprint(v2.create_blueprint(models, pipeline.resolve, client, keys))
+    app.register_blueprint(v2.create_blueprint(pipeline))
     jobs.install(app, pipeline, settings)
 
     @app.get("/")
     def index():
         return render_template("index.html", models=[
-            {**task.spec.public(), "input_kind": task.input_kind} for task in models.values()])
+            {**task.spec.public(), "input_kind": task.input_kind} for task in pipeline.catalog.tasks()])
 
     install_operations(app, pipeline)
+    install_traffic(app, pipeline, settings)
     return app
 
 
 def install_operations(app: Flask, pipeline: Pipeline) -> None:
     """What probes, dashboards and operators read: health, readiness, the models, metrics."""
-    models, client, keys = pipeline.models, pipeline.client, pipeline.keys
+    catalog, client, keys = pipeline.catalog, pipeline.client, pipeline.keys
 
     @app.get("/healthz")
     def healthz():
@@ -92,7 +104,7 @@ def install_operations(app: Flask, pipeline: Pipeline) -> None:
             workers = live_workers(client, keys)
         except redis.RedisError as exc:
             return jsonify({"status": "unavailable", "reason": f"redis: {type(exc).__name__}"}), 503
-        missing = [name for name in models if not any(w.get("model") == name for w in workers)]
+        missing = [name for name in catalog.names() if not registry.versions_live(workers, name)]
         if missing:
             return jsonify({"status": "unavailable",
                             "reason": f"no live worker for {', '.join(missing)}"}), 503
@@ -101,15 +113,53 @@ def install_operations(app: Flask, pipeline: Pipeline) -> None:
     @app.get("/v1/models")
     def list_served():
         workers = live_workers(client, keys)
-        lengths = queue_lengths(client, keys, list(models))
-        return jsonify({"models": [describe(task, workers, lengths[name]) for name, task in models.items()]})
+        return jsonify({"models": [describe(pipeline, name, workers) for name in catalog.names()]})
 
     @app.get("/v1/models/<name>")
     def describe_model(name: str):
-        task = pipeline.resolve(name)
-        return jsonify(describe(task, live_workers(client, keys), queue_lengths(client, keys, [name])[name]))
+        pipeline.resolve(name)
+        return jsonify(describe(pipeline, name, live_workers(client, keys)))
 
     @app.get("/metrics")
     def metrics():
         # content_type, not mimetype: Flask would add a second "charset" to Prometheus' own.
-        return Response(web_metrics.render(client, keys, list(models)), content_type=CONTENT_TYPE_LATEST)
+        versions = {name: sorted(catalog.versions(name)) for name in catalog.names()}
+        return Response(web_metrics.render(client, keys, versions), content_type=CONTENT_TYPE_LATEST)
+
+
+def install_traffic(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
+    """A model's traffic policy, set and cleared by admin keys (common/traffic.py)."""
+    catalog, client, keys = pipeline.catalog, pipeline.client, pipeline.keys
+
+    @app.put("/v1/models/<name>/traffic")
+    def set_traffic(name: str):
+        """{"weights": {"<version>": <weight>, ...}}: the share of unpinned requests each version takes."""
+        auth.require_admin(settings)
+        pipeline.resolve(name)
+        weights = parse_weights(request.get_json(silent=True), set(catalog.versions(name)), name)
+        try:
+            traffic.write(client, keys, name, weights)
+        except ValueError as exc:
+            raise BadInput(str(exc), code="bad_traffic") from None
+        return jsonify(describe(pipeline, name, live_workers(client, keys)))
+
+    @app.delete("/v1/models/<name>/traffic")
+    def clear_traffic(name: str):
+        """No policy: every unpinned request goes to the highest version with a live worker."""
+        auth.require_admin(settings)
+        pipeline.resolve(name)
+        traffic.clear(client, keys, name)
+        return jsonify(describe(pipeline, name, live_workers(client, keys)))
+
+
+def parse_weights(body: object, versions: set[int], name: str) -> dict[int, int]:
+    """{"weights": {"1": 90, "2": 10}} as {1: 90, 2: 10}; 400 bad_traffic for any other shape or a
+    version the model does not have."""
+    weights = body.get("weights") if isinstance(body, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(v, str) and v.isdigit() for v in weights) \
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in weights.values()):
+        raise BadInput('send {"weights": {"<version>": <integer weight>, ...}}', code="bad_traffic")
+    unknown = sorted(set(map(int, weights)) - versions)
+    if unknown:
+        raise BadInput(f"{name} has no version {unknown[0]}", code="bad_traffic")
+    return {int(v): w for v, w in weights.items()}

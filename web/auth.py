@@ -9,9 +9,14 @@ import hmac
 from flask import Flask, request
 
 from funnel.common.errors import FunnelError
+from funnel.web.settings import WebSettings
 
 # Probes (ours and the /v2 protocol's), the page and the API document stay open.
 OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document", "v2.live", "v2.ready")
+
+
+class Forbidden(FunnelError):
+    status, code = 403, "forbidden"
 
 
 class Unauthorized(FunnelError):
@@ -38,3 +43,10 @@ def install(app: Flask, api_keys: list[str]) -> None:
         if api_keys and request.endpoint not in OPEN_ENDPOINTS \
                 and not authorized(request.headers.get("Authorization", ""), api_keys):
             raise Unauthorized()
+
+
+def require_admin(settings: WebSettings) -> None:
+    """403 unless the request's key is an admin key (FUNNEL_ADMIN_KEYS), where API keys are set: what
+    changes how a model is served is an operator's business, not every client's."""
+    if settings.api_keys and not authorized(request.headers.get("Authorization", ""), settings.admin_keys):
+        raise Forbidden("this needs an admin API key (FUNNEL_ADMIN_KEYS)")

@@ -17,7 +17,7 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from funnel.common import registry
+from funnel.common import registry, traffic
 from funnel.common.keys import Keys
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -66,32 +66,45 @@ def _per_model(model: str):
 
 
 class RedisCollector:
-    """Queue lengths and live workers' totals, read from Redis at each scrape."""
+    """Queue lengths, live workers, traffic weights and the workers' totals, read from Redis at each
+    scrape, per model version."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, models: list[str]):
-        self.client, self.keys, self.models = client, keys, models
+    def __init__(self, client: redis.Redis, keys: Keys, versions: dict[str, list[int]]):
+        self.client, self.keys, self.versions = client, keys, versions
 
     def collect(self):
+        pairs = [(model, version) for model, versions in self.versions.items() for version in versions]
         try:
             workers = registry.live_workers(self.client, self.keys)
-            lengths = registry.queue_lengths(self.client, self.keys, self.models)
+            with self.client.pipeline(transaction=False) as pipe:
+                for model, version in pairs:
+                    pipe.llen(self.keys.queue(model, version))
+                lengths = pipe.execute()
+            weights = {model: traffic.read(self.client, self.keys, model) for model in self.versions}
         except redis.RedisError:
             return
-        queue = GaugeMetricFamily("funnel_queue_length", "jobs waiting in each model's queue",
-                                  labels=["model"])
-        live = GaugeMetricFamily("funnel_workers_live", "workers with a live heartbeat", labels=["model"])
-        for model in self.models:
-            queue.add_metric([model], lengths[model])
-            live.add_metric([model], sum(w.get("model") == model for w in workers))
+        queue = GaugeMetricFamily("funnel_queue_length", "jobs waiting in each model version's queue",
+                                  labels=["model", "version"])
+        live = GaugeMetricFamily("funnel_workers_live", "workers with a live heartbeat", labels=["model", "version"])
+        share = GaugeMetricFamily("funnel_traffic_weight", "each version's weight in its model's traffic policy "
+                                  "(absent: no policy)", labels=["model", "version"])
+        for (model, version), length in zip(pairs, lengths):
+            labels = [model, str(version)]
+            queue.add_metric(labels, length)
+            live.add_metric(labels, sum(w.get("model") == model and registry.version_of(w) == version
+                                        for w in workers))
+            if version in weights[model]:
+                share.add_metric(labels, weights[model][version])
         yield queue
         yield live
+        yield share
         families = {name: CounterMetricFamily(f"funnel_worker_{name}", help_text,
-                                              labels=["model", "worker", "device"])
+                                              labels=["model", "version", "worker", "device"])
                     for name, help_text in registry.COUNTERS.items()}
         sizes = HistogramMetricFamily("funnel_worker_batch_size", "batch sizes run by each worker",
-                                      labels=["model", "worker", "device"])
+                                      labels=["model", "version", "worker", "device"])
         for w in workers:
-            labels = [w.get("model", ""), w["id"], w.get("device", "")]
+            labels = [w.get("model", ""), str(registry.version_of(w)), w["id"], w.get("device", "")]
             for name, family in families.items():
                 family.add_metric(labels, registry.counter(w, name))
             buckets = [(str(bound), count) for bound, count in registry.batch_histogram(w)]
@@ -101,7 +114,7 @@ class RedisCollector:
         yield sizes
 
 
-def render(client: redis.Redis, keys: Keys, models: list[str]) -> bytes:
+def render(client: redis.Redis, keys: Keys, versions: dict[str, list[int]]) -> bytes:
     collectors = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
@@ -110,5 +123,5 @@ def render(client: redis.Redis, keys: Keys, models: list[str]) -> bytes:
     else:  # one process (no gunicorn): its own counters are the whole story
         for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN):
             collectors.register(metric)
-    collectors.register(RedisCollector(client, keys, models))
+    collectors.register(RedisCollector(client, keys, versions))
     return generate_latest(collectors)

@@ -1,7 +1,8 @@
 """The one path of a request through the web tier, whatever protocol it came in.
 
     front (transport/front.py)  reads the body, checks the API key, picks the adapter
-    1 resolve    the served model's task, by name (404 before a name can become a key)
+    1 resolve    the served model's task, by name (404 before a name can become a key), and its
+                 version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout
@@ -32,6 +33,7 @@ from funnel.common.keys import Keys
 from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Job, Reply, encode_job, now_ms
 from funnel.web import metrics
+from funnel.web.catalog import Catalog
 from funnel.web.queueing.inbox import Inbox
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.queueing.shedding import (
@@ -42,9 +44,8 @@ from funnel.web.queueing.shedding import (
     request_timeout,
     retry_after_s,
 )
+from funnel.web.queueing.versions import Versions
 from funnel.web.settings import WebSettings
-
-MODEL_VERSION = "1"  # the one version each model has (the Open Inference Protocol names it)
 
 Rendered = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
 
@@ -76,11 +77,12 @@ class Adapter(Protocol):
 
 
 class Pipeline:
-    def __init__(self, models: dict[str, Task], client: redis.Redis, keys: Keys, settings: WebSettings):
-        self.models, self.client, self.keys, self.settings = models, client, keys, settings
+    def __init__(self, catalog: Catalog, client: redis.Redis, keys: Keys, settings: WebSettings):
+        self.catalog, self.client, self.keys, self.settings = catalog, client, keys, settings
         self.inbox = Inbox(client, keys, on_unclaimed=metrics.UNCLAIMED.inc)
         self.outbox = Outbox(client, lua_scripts.register(client, "push"), cluster=keys.cluster)
         self.workers = WorkerView(client, keys)
+        self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
         self.jobs = JobStore(client, keys, settings.job_ttl_s)
         self.job_limits = job_submit.SubmitLimits.of(settings)
@@ -92,7 +94,7 @@ class Pipeline:
             work = adapter.parse(task, request)
             inputs = list(self.prepare(task, work.items, work.ready))
             timeout_s = request_timeout(request.headers, self.settings.request_timeout_s)
-            replies = await self.run(name, inputs, timeout_s, work.raw)
+            replies = await self.run(name, task.spec.version, inputs, timeout_s, work.raw)
             body, headers = adapter.render(task, work, replies)
             return 200, body, headers
         except Exception as exc:
@@ -118,19 +120,26 @@ class Pipeline:
         created = now_ms()
         job_id = jobs.new_job_id(created)
         # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
-        payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items))
-        self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue)
-        return self.jobs.create(job_id, name, created, payloads, body_sha, webhook, idempotency_key)
+        version = task.spec.version
+        payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version)
+        self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
+        return self.jobs.create(job_id, name, created, payloads, body_sha, webhook, idempotency_key, version)
 
     # -- 1 resolve, 3 prepare: every route's, bulk jobs' too ----------------------------------
 
     def resolve(self, name: str, version: str | None = None) -> Task:
-        """The task of the served model a request names; 404 for any other name or version."""
-        task = self.models.get(name)
+        """The task of the model version a request goes to (its spec names the version): the one
+        the URL pins, else the traffic policy's pick; 404 for any other name or version."""
+        versions = self.catalog.versions(name)
+        if not versions:
+            raise NotFound(f"no model named {name!r}; served: {', '.join(self.catalog.names())}",
+                           code="unknown_model")
+        if version is None:
+            return versions[self.versions.choose(name, versions)]
+        task = versions.get(int(version)) if version.isdigit() else None
         if task is None:
-            raise NotFound(f"no model named {name!r}; served: {', '.join(self.models)}", code="unknown_model")
-        if version not in (None, MODEL_VERSION):
-            raise NotFound(f"{name} has version {MODEL_VERSION} only, not {version!r}", code="unknown_version")
+            raise NotFound(f"{name} has no version {version!r}; it has {', '.join(map(str, sorted(versions)))}",
+                           code="unknown_version")
         return task
 
     def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[Inputs]:
@@ -149,23 +158,25 @@ class Pipeline:
 
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
-    async def run(self, model: str, inputs: list[Inputs], timeout_s: float, raw: bool = False) -> list[Reply]:
-        """One job per input, queued, and their replies in input order; a failed reply raised.
+    async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
+                  raw: bool = False) -> list[Reply]:
+        """One job per input, queued on the model version's queue, and their replies in input order;
+        a failed reply raised.
 
         503 at once when no live worker serves the model (unless held), when its queue
         is at FUNNEL_MAX_QUEUE, or when the predicted wait is past timeout_s; 504 at the
         deadline.
         """
-        capacity = self._capacity(model)
+        capacity = self._capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
         ids = [os.urandom(16).hex() for _ in inputs]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         reply_to = self.inbox.key(model)
-        jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw))
-                for job_id, item in zip(ids, inputs)]
+        jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw,
+                               version=version)) for job_id, item in zip(ids, inputs)]
         estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
-        keys = [self.keys.queue(model), *(self.keys.inflight(model, w) for w in capacity.workers if estimate)]
+        keys = [self.keys.queue(model, version), *(self.keys.inflight(model, w) for w in capacity.workers if estimate)]
         args = [self.settings.max_queue, int(estimate), timeout_s, *capacity.script_args(calibration), *jobs]
         ahead, pushed_ms = -1, 0
         try:
@@ -185,17 +196,19 @@ class Pipeline:
                 raise reply_error(reply, i, len(replies))
         return replies
 
-    def _capacity(self, model: str) -> Capacity:
-        """The model's live workers (cached per process); 503 at once when it has none, unless held."""
+    def _capacity(self, model: str, version: int) -> Capacity:
+        """The model version's live workers (cached per process); 503 at once when it has none, unless
+        held."""
         settings = self.settings
         if not settings.shed and settings.hold_without_workers:
             return Capacity(())  # nothing to predict with, nothing to refuse: no registry read
         try:
-            capacity = self.workers.capacity(model)
+            capacity = self.workers.capacity(model, version)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
-        if not capacity.workers and not settings.hold_without_workers and not self.workers.recently_served(model):
-            raise Unavailable(f"no live worker serves {model}; retry when one has started",
+        if not capacity.workers and not settings.hold_without_workers \
+                and not self.workers.recently_served(model, version):
+            raise Unavailable(f"no live worker serves {model} version {version}; retry when one has started",
                               code="no_worker", retry_after=NO_WORKER_RETRY_AFTER_S)
         return capacity
 

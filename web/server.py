@@ -72,12 +72,12 @@ def application(settings: WebSettings) -> Any:
     """The ASGI app one web process serves (tests build it in-process too)."""
     from funnel.common.connection import connect, on_cluster
     from funnel.common.keys import Keys
-    from funnel.web.app import create_app, load_models
+    from funnel.web.app import catalog_of, create_app
     from funnel.web.pipeline import Pipeline
     from funnel.web.transport.front import Front
 
     client = connect(settings.redis_url, socket_timeout=HUNG_REDIS_S)
-    pipeline = Pipeline(load_models(settings), client, Keys(settings.prefix, cluster=on_cluster(client)), settings)
+    pipeline = Pipeline(catalog_of(settings), client, Keys(settings.prefix, cluster=on_cluster(client)), settings)
     return Front(create_app(settings, pipeline), pipeline, settings)
 
 

@@ -1,9 +1,9 @@
 """One batch: decode the taken jobs, collate, run the model once, split, postprocess.
 
-Failures stay with their own item: a job that does not decode goes to the
-dead-letter list, a job with bad inputs gets its own error reply, and if the
-batch as a whole fails to run, each item is run alone so that only the
-culprit fails.
+Failures stay with their own item: a job that does not decode, or is not for
+this worker's model and version, goes to the dead-letter list, a job with bad
+inputs gets its own error reply, and if the batch as a whole fails to run,
+each item is run alone so that only the culprit fails.
 """
 
 from __future__ import annotations
@@ -36,23 +36,25 @@ class Batch:
         return sum(not reply.ok for _, reply in self.replies)
 
 
-def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str) -> Batch:
-    """Sort taken messages into runnable jobs, dead letters and expired jobs."""
+def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str, version: int = 1) -> Batch:
+    """Sort taken messages into runnable jobs, dead letters and expired jobs (a worker serves one
+    version of one model: a job for another is a dead letter, as an undecodable one)."""
     batch = Batch()
     now = now_ms()
     for raw in raws:
         try:
             job = decode_job(raw)
-            if job.model != model or not keys.is_reply(job.reply_to, model):
-                raise WireError(f"job for model {job.model!r} replying to {job.reply_to!r} "
-                                f"does not belong on this queue")
+            if job.model != model or job.version != version or not keys.is_reply(job.reply_to, model):
+                raise WireError(f"job for model {job.model!r} version {job.version} replying to "
+                                f"{job.reply_to!r} does not belong on this queue")
         except WireError as exc:
-            log.warning("dead-lettering an undecodable job (%d bytes): %s", len(raw), exc)
+            log.warning("dead-lettering a job this worker cannot run (%d bytes): %s", len(raw), exc)
             batch.dead.append(raw)
             seen = peek_job(raw)
             if "id" in seen and keys.is_reply(seen.get("reply_to", ""), model):
                 batch.replies.append((seen["reply_to"], Reply.failure(
-                    seen["id"], "bad_job", f"job could not be decoded: {exc}", worker=worker_id)))
+                    seen["id"], "bad_job", f"job could not be decoded: {exc}", worker=worker_id,
+                    version=version)))
             continue
         if job.deadline <= now:
             batch.expired += 1  # its client has been answered 504 already
@@ -80,8 +82,9 @@ def _infer(jobs: list[Job], task: Task, backend: Backend) -> list[dict]:
     return results  # type: ignore[return-value]
 
 
-def run(batch: Batch, task: Task, backend: Backend, worker_id: str) -> None:
-    """Answer every job of the batch, appending to batch.replies."""
+def run(batch: Batch, task: Task, backend: Backend, worker_id: str, version: int = 1) -> None:
+    """Answer every job of the batch, appending to batch.replies; each reply names the version
+    that computed it."""
     started = now_ms()
     runnable = []
     for job in batch.jobs:
@@ -90,7 +93,7 @@ def run(batch: Batch, task: Task, backend: Backend, worker_id: str) -> None:
             runnable.append(job)
         except FunnelError as exc:
             batch.replies.append((job.reply_to, Reply.failure(
-                job.id, exc.code, exc.message, worker=worker_id)))
+                job.id, exc.code, exc.message, worker=worker_id, version=version)))
     if not runnable:
         return
     clock = time.perf_counter()
@@ -107,7 +110,7 @@ def run(batch: Batch, task: Task, backend: Backend, worker_id: str) -> None:
     infer_ms = batch.infer_ms = (time.perf_counter() - clock) * 1000
     for job, result in zip(runnable, results):
         reply = Reply(id=job.id, ok=True, worker=worker_id, batch_size=len(runnable),
-                      queue_ms=max(0, started - job.enqueued), infer_ms=infer_ms)
+                      queue_ms=max(0, started - job.enqueued), infer_ms=infer_ms, version=version)
         if isinstance(result, Exception):
             reply.ok, reply.error = False, {"code": "inference_failed",
                                             "message": f"{type(result).__name__}: {result}"}

@@ -24,7 +24,7 @@ from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import answer
-from funnel.worker.settings import WorkerSettings
+from funnel.worker.settings import WorkerSettings, model_and_version
 from funnel.worker.webhook import Deliverer
 
 log = logging.getLogger("funnel.worker")
@@ -37,7 +37,9 @@ MAX_BACKOFF_S = 0.5
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
-    spec = load_spec(settings.model_store, settings.model)
+    name, wanted = model_and_version(settings.model)
+    spec = load_spec(settings.model_store, name, wanted)  # wanted None: the highest version now
+    version = spec.version
     task = tasks.load(spec)
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
     keys = Keys(settings.prefix, cluster=on_cluster(client))
@@ -47,24 +49,24 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
         return
     model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
-    queue = JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share)
+    queue = JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version)
     linger = Linger(settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
-        "model": spec.name, "backend": settings.backend, "device": device,
+        "model": spec.name, "version": version, "backend": settings.backend, "device": device,
         "batch_size": batch_size, "linger_ms": settings.linger_ms},
         recovery, settings.heartbeat_ttl_s)
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own
-    log.info("worker %s serving %s (batch %d, linger %g ms) from %s", settings.worker_id,
-             spec.name, batch_size, settings.linger_ms, keys.queue(spec.name))
+    log.info("worker %s serving %s version %d (batch %d, linger %g ms) from %s", settings.worker_id,
+             spec.name, version, batch_size, settings.linger_ms, keys.queue(spec.name, version))
     try:
         while not stop.is_set():
             raws = retrying(lambda: queue.take(batch_size, linger, BLOCK_S), stop)  # take
             if not raws:
                 continue
-            batch = batching.decode(raws, spec.name, keys, settings.worker_id)
-            batching.run(batch, task, model, settings.worker_id)                   # collate, run
+            batch = batching.decode(raws, spec.name, keys, settings.worker_id, version)
+            batching.run(batch, task, model, settings.worker_id, version)          # collate, run
             retrying(partial(answer, client, keys, settings.worker_id, spec.name,   # reply
                              batch.replies, batch.dead, settings.reply_ttl_s), stop, until_done=True)
             linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])

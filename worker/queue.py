@@ -1,12 +1,13 @@
-"""Taking jobs: atomically from the model's queues into this worker's in-flight list.
+"""Taking jobs: atomically from its model version's queues into this worker's in-flight list.
 
 Jobs are moved, never popped, so a worker that dies holding them leaves them
 in funnel:inflight:{<model>}:<worker id> for recovery instead of losing them.
 All three lists carry the model's hash tag, so on Redis Cluster the take's
 script and BLMOVE stay in one slot.
 
-Two queues per model: funnel:queue:{<model>} (interactive requests) and
-funnel:bulk:{<model>} (the items of async and bulk jobs). A batch is filled
+Two queues per model version: funnel:queue:{<model>}:<version> (interactive
+requests) and funnel:bulk:{<model>}:<version> (the items of async and bulk
+jobs); a worker serves one version and takes from its queues only. A batch is filled
 from the interactive queue first, but bulk items waiting get ceil(bulk_share x
 batch size) of its places (at least one), so a bulk job progresses under any
 interactive load (one Lua script, common/lua/take.lua); places that neither
@@ -36,10 +37,11 @@ INTERACTIVE_RECENT_S = 1.0  # bulk items fill whole batches only when no interac
 
 
 class JobQueue:
-    def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25):
+    def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25,
+                 version: int = 1):
         self.client, self.keys = client, keys
-        self.queue = keys.queue(model)
-        self.bulk = keys.bulk(model)
+        self.queue = keys.queue(model, version)
+        self.bulk = keys.bulk(model, version)
         self.bulk_share = bulk_share
         self.inflight = keys.inflight(model, worker_id)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run

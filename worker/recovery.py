@@ -5,6 +5,12 @@ worker id on restart) claims its in-flight list once, atomically, and puts
 each job back at the old end of its queue (the bulk queue for an item of an
 async or bulk job) with one more attempt; a job past
 the attempt limit gets an error reply and goes to the dead-letter list.
+
+The queue is the job's own version's (the message names it; a message from
+before versions is version 1), whatever version the peer serves: a peer of
+version 1 puts a dead version-2 worker's jobs back on version 2's queue, for
+version 2's workers. Every version's queues carry the model's hash tag, so the
+requeue stays one MULTI in one slot.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class Recovery:
             if job.model != model:  # not this worker's: its queue is in another slot on a cluster
                 raise ValueError(f"a {job.model} job held by a {model} worker")
             bulk = bool(self.keys.job_of_results(job.reply_to))
-            queue = self.keys.bulk(job.model) if bulk else self.keys.queue(job.model)
+            queue = self.keys.bulk(job.model, job.version) if bulk else self.keys.queue(job.model, job.version)
         except (WireError, ValueError):
             pipe.lpush(self.keys.dead(model), raw)
             return
@@ -80,7 +86,7 @@ class Recovery:
         log.error("job %s failed %d attempts; dead-lettered", job.id, job.attempt)
         pipe.lpush(self.keys.dead(model), raw)
         reply = Reply.failure(job.id, "too_many_attempts",
-                              f"the workers running this job died {job.attempt} times")
+                              f"the workers running this job died {job.attempt} times", version=job.version)
         if bulk and not self.keys.cluster:
             store_results(pipe, self.keys, job.reply_to, [reply])
         elif self.keys.is_reply(job.reply_to, model):

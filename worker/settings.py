@@ -8,7 +8,19 @@ import uuid
 from dataclasses import dataclass
 
 from funnel.common import settings
+from funnel.common.keys import check_name, check_version
 from funnel.common.settings import SharedSettings, setting
+
+
+def model_and_version(text: str) -> tuple[str, int | None]:
+    """--model's NAME or NAME:N as (name, N or None: the highest version in the store)."""
+    name, sep, version = text.partition(":")
+    check_name(name)
+    if not sep:
+        return name, None
+    if not (version.isascii() and version.isdigit() and version == str(int(version))):
+        raise ValueError(f"not a model version: {version!r} (NAME:N, N a positive integer)")
+    return name, check_version(int(version))
 
 
 def default_worker_id() -> str:
@@ -20,7 +32,8 @@ def default_worker_id() -> str:
 class WorkerSettings(SharedSettings):
     """A Funnel worker daemon: takes batches of jobs for one model from Redis."""
 
-    model: str = setting("", "model to serve, a folder of the model store")
+    model: str = setting("", "model to serve, a folder of the model store: NAME serves its highest version "
+                         "in the store at start, NAME:N version N")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
     device: str = setting("cpu", "cpu, cuda:N, or auto: the device with the fewest live workers")
     devices: list[str] = setting([], "candidates for --device auto, comma-separated "
@@ -51,5 +64,9 @@ class WorkerSettings(SharedSettings):
         loaded = settings.load(cls, argv, prog="funnel-worker")
         if not loaded.model:
             raise SystemExit("funnel-worker: --model (or FUNNEL_MODEL) is required")
+        try:
+            model_and_version(loaded.model)
+        except ValueError as exc:
+            raise SystemExit(f"funnel-worker: --model {loaded.model!r}: {exc}") from None
         loaded.worker_id = loaded.worker_id or default_worker_id()
         return loaded

@@ -1,11 +1,11 @@
--- take.lua: fill a worker's batch from its model's queues' old ends into its in-flight list, in
+-- take.lua: fill a worker's batch from its model version's queues' old ends into its in-flight list, in
 -- one round trip (worker/queue.py; RPOP with a count needs Redis 6.2): from the interactive queue
 -- all but ARGV[2] places, then up to ARGV[3] bulk items into the rest, then the interactive queue
 -- again into what bulk left.
 --
--- KEYS[1]  the interactive queue, funnel:queue:{<model>}
+-- KEYS[1]  the interactive queue, funnel:queue:{<model>}:<version>
 -- KEYS[2]  this worker's in-flight list, funnel:inflight:{<model>}:<worker>
--- KEYS[3]  the bulk queue, funnel:bulk:{<model>}
+-- KEYS[3]  the bulk queue, funnel:bulk:{<model>}:<version>
 -- ARGV[1]  how many jobs to take at most
 -- ARGV[2]  places kept for bulk items on the first pass (the bulk share)
 -- ARGV[3]  how many bulk items to take at most

@@ -78,7 +78,11 @@ class Task(abc.ABC):
         """Raise BadInput for a job whose arrays this model cannot run (a job pushed by hand)."""
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
-        """Split a batch into runs of item indexes (default: one run of all)."""
+        """Split a batch into runs of item indexes, each a model call of its own (default: one run of all).
+
+        For a task whose collate pads to the widest item: group_by_width
+        (funnel.common.tasks.buckets) picks runs of like width.
+        """
         return [list(range(len(items)))]
 
     @abc.abstractmethod

@@ -9,8 +9,12 @@ import numpy as np
 
 from funnel.common.errors import BadInput
 from funnel.common.tasks.base import Inputs, Task
+from funnel.common.tasks.buckets import group_by_width
 
-MIN_SAVED_TOKENS = 512  # a split batch runs twice: only worth it past this many padded tokens saved
+# What one more run costs, in padded tokens (model.json's "run_cost_tokens" overrides it). On the CPU a
+# run's fixed cost is worth about 10 tokens (benchmarks/buckets.py); the margin keeps near-uniform batches
+# whole. On a GPU a call is worth over a thousand tokens (docs/models.md, "Variable-width inputs").
+RUN_COST_TOKENS = 64
 
 
 class TextEmbedding(Task):
@@ -79,15 +83,18 @@ class TextEmbedding(Task):
             raise BadInput(f"token ids must lie in [0, {vocab})", code="bad_input")
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
-        """Split a batch by length when padding to its longest text would waste most of the work.
+        """Split a batch by length where padding to its longest text would waste more than a run costs.
 
         One 256-token text in a batch of short ones pads every row to 256: cheaper
-        to run the short ones together and the long one apart. Splits only where
-        it saves at least half the padded tokens and more than MIN_SAVED_TOKENS
-        (a run has a fixed cost too); uniform batches stay whole.
+        to run the short ones together and the long one apart. `group_by_width`
+        picks the runs that pad to the fewest tokens, counting RUN_COST_TOKENS
+        per run; uniform batches stay whole.
         """
-        order = sorted(range(len(items)), key=lambda i: len(items[i]["input_ids"]))
-        return split_by_length([len(items[i]["input_ids"]) for i in order], order)
+        return group_by_width([len(item["input_ids"]) for item in items], self.run_cost_tokens)
+
+    @property
+    def run_cost_tokens(self) -> float:
+        return float(self.spec.config.get("run_cost_tokens", RUN_COST_TOKENS))
 
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
         """Pad to the longest text of this batch, not to a fixed length."""
@@ -103,16 +110,3 @@ class TextEmbedding(Task):
     def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
         return {"embedding": np.asarray(row["embedding"], dtype=np.float32)}
 
-
-def split_by_length(lengths: list[int], order: list[int]) -> list[list[int]]:
-    """Runs of `order` (sorted by ascending `lengths`) that pad to much fewer tokens than one run."""
-    n, whole = len(lengths), len(lengths) * lengths[-1]
-    best_k, best_cost = 0, whole
-    for k in range(1, n):  # first k (shorter) in one run, the rest in another
-        cost = k * lengths[k - 1] + (n - k) * lengths[-1]
-        if cost < best_cost:
-            best_k, best_cost = k, cost
-    saved = whole - best_cost
-    if best_k == 0 or saved < whole / 2 or saved < MIN_SAVED_TOKENS:
-        return [order]
-    return split_by_length(lengths[:best_k], order[:best_k]) + [order[best_k:]]

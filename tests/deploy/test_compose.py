@@ -189,7 +189,7 @@ def test_sentinel_profile_runs_as_local_processes(tmp_path):
         for name in sentinels:
             url = url.replace(f"{name}:26379", f"127.0.0.1:{port[name]}")
         client = connect(url, socket_timeout=5)
-        assert client.lpush("funnel:queue:{text-embedding}", b"x") == 1
+        assert client.lpush("funnel:queue:{text-embedding}:1", b"x") == 1
         assert client.connection_pool.master_address == ("127.0.0.1", port["redis-primary"])
         assert client.wait(1, 2000) == 1  # replicated
     finally:

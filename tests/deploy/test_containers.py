@@ -332,7 +332,7 @@ def test_three_text_workers_share_the_queue(stack):
 
 
 def test_redis_cli_in_the_redis_container(stack):
-    assert stack.exec("redis", "redis-cli", "LLEN", "funnel:queue:{text-embedding}").strip() == "0"
+    assert stack.exec("redis", "redis-cli", "LLEN", "funnel:queue:{text-embedding}:1").strip() == "0"
     worker = listing(stack.url)["text-embedding"][0]
     fields = stack.exec("redis", "redis-cli", "HGETALL", Keys("funnel").worker("text-embedding", worker["id"])).split()
     record = dict(zip(fields[::2], fields[1::2]))

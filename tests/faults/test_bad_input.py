@@ -77,7 +77,7 @@ def test_bad_input_is_refused_clearly(stack, case, cat_jpeg, outcome):
     assert headers["Content-Type"].startswith("application/json")
     assert (got, body["error"]["code"]) == (status, code), body
     assert body["error"]["message"]
-    assert client.llen(f"funnel:queue:{{{IMAGE}}}") == client.llen(f"funnel:queue:{{{TEXT}}}") == 0  # never queued
+    assert client.llen(f"funnel:queue:{{{IMAGE}}}:1") == client.llen(f"funnel:queue:{{{TEXT}}}:1") == 0  # never queued
     # ...and the service goes on answering good requests.
     ok, result, _ = http("POST", f"{stack.url}/v1/models/{IMAGE}/predict", **jpeg(cat_jpeg))
     assert ok == 200 and result["predictions"]
@@ -93,7 +93,7 @@ def test_bad_input_is_refused_clearly(stack, case, cat_jpeg, outcome):
 def test_garbage_pushed_by_hand_is_dead_lettered_and_the_worker_goes_on(stack, garbage):
     client = redis.Redis.from_url(stack.redis_url)
     client.delete(f"funnel:dead:{{{TEXT}}}")
-    client.lpush(f"funnel:queue:{{{TEXT}}}", garbage)  # as `redis-cli LPUSH` would
+    client.lpush(f"funnel:queue:{{{TEXT}}}:1", garbage)  # as `redis-cli LPUSH` would
     wait_for(lambda: client.llen(f"funnel:dead:{{{TEXT}}}") == 1, what="dead-lettered")
     assert client.lrange(f"funnel:dead:{{{TEXT}}}", 0, -1) == [garbage]
     status, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/predict", json_body={"text": "still here"})

@@ -27,7 +27,7 @@ def stack(model_store, tmp_path_factory):
 @pytest.fixture()
 def client(stack):
     client = redis.Redis.from_url(stack.redis_url)
-    client.delete(f"funnel:queue:{{{IMAGE}}}")
+    client.delete(f"funnel:queue:{{{IMAGE}}}:1")
     return client
 
 
@@ -39,7 +39,7 @@ def post_image(stack, jpeg):
 
 
 def test_a_full_queue_answers_503_and_stays_at_its_length(stack, client, cat_jpeg, report):
-    client.lpush(f"funnel:queue:{{{IMAGE}}}", *[b"placeholder"] * 4)
+    client.lpush(f"funnel:queue:{{{IMAGE}}}:1", *[b"placeholder"] * 4)
     outcome = Outcome()
     for _ in range(5):
         status, body, headers, seconds = post_image(stack, cat_jpeg)
@@ -47,7 +47,7 @@ def test_a_full_queue_answers_503_and_stays_at_its_length(stack, client, cat_jpe
         assert status == 503 and body["error"]["code"] == "overloaded"
         assert headers["Retry-After"] == "1"
         assert seconds < 1.0
-    assert client.llen(f"funnel:queue:{{{IMAGE}}}") == 4
+    assert client.llen(f"funnel:queue:{{{IMAGE}}}:1") == 4
     report(outcome, stray_replies(client, stack))
 
 
@@ -67,11 +67,11 @@ def test_no_reply_in_time_is_504_and_the_late_job_is_dropped(stack, client, cat_
     outcome.add(status, seconds)
     assert status == 504 and body["error"]["code"] == "timeout"
     assert 1.9 < seconds < 4
-    assert client.llen(f"funnel:queue:{{{IMAGE}}}") == 1
+    assert client.llen(f"funnel:queue:{{{IMAGE}}}:1") == 1
     worker = stack.start_worker(IMAGE, FUNNEL_WORKER_ID="late-image")
     wait_for(lambda: client.hget(f"funnel:worker:{{{IMAGE}}}:late-image", "expired") == b"1",
              what="expired job dropped")
-    assert client.llen(f"funnel:queue:{{{IMAGE}}}") == 0
+    assert client.llen(f"funnel:queue:{{{IMAGE}}}:1") == 0
     assert stray_replies(client, stack) == 0  # dropped, never answered
     worker.terminate()
     assert worker.wait(timeout=30) == 0

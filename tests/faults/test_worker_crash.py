@@ -39,7 +39,7 @@ def paced_stack(paced_store, tmp_path, **web_env) -> Stack:
 
 
 def queued(client, n: int) -> bool:
-    return client.llen(f"funnel:queue:{{{PACED}}}") == n
+    return client.llen(f"funnel:queue:{{{PACED}}}:1") == n
 
 
 def holding(client, worker_id: str, n: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from funnel.common.keys import Keys
-from funnel.web.app import create_app, load_models
+from funnel.web.app import catalog_of, create_app
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 
@@ -21,7 +21,7 @@ TEXT = "/v1/models/text-embedding/predict"
 def app(redis_server, model_store):
     settings = WebSettings.load(["--redis-url", redis_server.url, "--model-store", str(model_store),
                                  "--models", "text-embedding", "--prefix", PREFIX])
-    pipeline = Pipeline(load_models(settings), redis.Redis.from_url(redis_server.url), Keys(PREFIX), settings)
+    pipeline = Pipeline(catalog_of(settings), redis.Redis.from_url(redis_server.url), Keys(PREFIX), settings)
     return create_app(settings, pipeline)
 
 

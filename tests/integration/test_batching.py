@@ -31,7 +31,8 @@ def paced_store(tmp_path_factory):
     """A store holding the paced toy scorer, its task importable by the worker run in a thread."""
     store = tmp_path_factory.mktemp("paced-store")
     toy_model.add_paced(store, tmp_path_factory.mktemp("paced"), PACED, batch_s=PACE_S, batch_size=64)
-    with toy_model.importable():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(toy_model.PACKAGE_DIR))
         yield store
 
 
@@ -84,6 +85,7 @@ def test_fifty_queued_jobs_run_as_16_16_16_2(redis_client, redis_server, model_s
     with running_worker(redis_server, model_store, batch_size=16, linger_ms=50):
         replies = [await_reply(redis_client, job) for job in jobs]
     assert all(r.ok for r in replies)
+    assert {r.version for r in replies} == {1}  # the store's flat entry: version 1, named in every reply
     sizes = Counter(r.batch_size for r in replies)
     assert sizes == {16: 48, 2: 2}
     # Oldest first: the first 16 queued form the first batch.

@@ -19,6 +19,7 @@ from funnel.common.job_submit import SubmitLimits
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.common.wire import Reply, decode_job, now_ms
+from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 from funnel.worker.reply import answer
@@ -27,11 +28,21 @@ MODEL = "text-embedding"
 TTL_S = 60
 LIMITS = SubmitLimits(max_bulk_queue=1000, webhook_secret="secret", webhook_allow_hosts=["127.0.0.1"])
 HOOK = "http://127.0.0.1:9/hook"
+SERVED: list[Catalog] = []  # the catalog the module's submits resolve models in (fixture `served`)
 
 
 @pytest.fixture(scope="module")
 def task(model_store):
     return tasks.load(load_spec(model_store, MODEL))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(model_store, tmp_path_factory):
+    """A store serving the text model under its own name and another (submit_job resolves the name)."""
+    store = tmp_path_factory.mktemp("job-store-models")
+    for name in (MODEL, "another-model"):
+        (store / name).symlink_to(model_store / MODEL, target_is_directory=True)
+    SERVED.append(Catalog(store, [MODEL, "another-model"], {}))
 
 
 @pytest.fixture()
@@ -45,7 +56,7 @@ def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, m
     raw = body if body is not None else "\n".join(texts).encode()
     settings = WebSettings(max_bulk_queue=limits.max_bulk_queue, webhook_secret=limits.webhook_secret,
                            webhook_allow_hosts=limits.webhook_allow_hosts, job_ttl_s=store.ttl_s)
-    pipeline = Pipeline({model: task}, store.client, store.keys, settings)
+    pipeline = Pipeline(SERVED[0], store.client, store.keys, settings)
     pipeline.jobs = store
     return pipeline.submit_job(model, texts, key, webhook, raw)
 

@@ -119,10 +119,10 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
     env_url = ["--redis-url", idle.redis_url]
     funnel = str(Path(sys.executable).parent / "funnel")
     out = subprocess.run([funnel, "inspect", *env_url], capture_output=True, text=True, check=True).stdout
-    assert re.search(rf"funnel:queue:{{{IMAGE}}}\s+1\s+\d+\.\d+ s", out), out
+    assert re.search(rf"funnel:queue:{{{IMAGE}}}:1\s+1\s+\d+\.\d+ s", out), out
     assert re.search(rf": {TEXT} onnx cpu batch 32", out), out
     shown = json.loads(subprocess.run(
-        [funnel, "inspect", *env_url, "show", f"funnel:queue:{{{IMAGE}}}"],
+        [funnel, "inspect", *env_url, "show", f"funnel:queue:{{{IMAGE}}}:1"],
         capture_output=True, text=True, check=True).stdout)
     assert shown["model"] == IMAGE and shown["inputs"] == {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}}
     assert shown["deadline_in_s"] < 0 and shown["attempt"] == 0
@@ -131,14 +131,14 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
         return subprocess.run([redis_cli_binary(), "-u", idle.redis_url, *args],
                               capture_output=True, text=True, check=True).stdout
 
-    assert cli("LLEN", f"funnel:queue:{{{IMAGE}}}").strip() == "1"
-    assert cli("LLEN", f"funnel:queue:{{{TEXT}}}").strip() == "0"
-    raw = cli("--no-raw", "LRANGE", f"funnel:queue:{{{IMAGE}}}", "0", "-1")
+    assert cli("LLEN", f"funnel:queue:{{{IMAGE}}}:1").strip() == "1"
+    assert cli("LLEN", f"funnel:queue:{{{TEXT}}}:1").strip() == "0"
+    raw = cli("--no-raw", "LRANGE", f"funnel:queue:{{{IMAGE}}}:1", "0", "-1")
     assert "pixels" in raw and "uint8" in raw  # msgpack keys are readable in the raw bytes
     worker_id = cli("HKEYS", "funnel:workers").split()[0]
     fields = cli("HGETALL", f"funnel:worker:{{{TEXT}}}:{worker_id}").split("\n")
     assert fields[fields.index("model") + 1] == TEXT
-    expected = {f"funnel:queue:{{{IMAGE}}}", "funnel:workers", f"funnel:worker:{{{TEXT}}}:{worker_id}"}
+    expected = {f"funnel:queue:{{{IMAGE}}}:1", "funnel:workers", f"funnel:worker:{{{TEXT}}}:{worker_id}"}
     assert expected <= set(cli("--scan", "--pattern", "funnel:*").split())
     cursor_and_keys = cli("SCAN", "0", "MATCH", "funnel:*", "COUNT", "1000").split()
     assert cursor_and_keys[0] == "0" and expected <= set(cursor_and_keys[1:])

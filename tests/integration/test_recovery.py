@@ -1,5 +1,6 @@
 """Recovering a dead worker's jobs, against a real redis-server."""
 
+import msgpack
 import numpy as np
 
 from funnel.common import wire
@@ -9,9 +10,10 @@ from funnel.worker.recovery import Recovery
 MODEL = "text-embedding"
 
 
-def job(i: int, attempt: int = 0) -> Job:
+def job(i: int, attempt: int = 0, version: int = 1, reply_to: str = "") -> Job:
     return Job(id=f"job{i}", model=MODEL, inputs={"input_ids": np.array([101, 102], np.int32)},
-               reply_to=f"funnel:reply:{{{MODEL}}}:job{i}", deadline=wire.now_ms() + 60_000, attempt=attempt)
+               reply_to=reply_to or f"funnel:reply:{{{MODEL}}}:job{i}", deadline=wire.now_ms() + 60_000,
+               attempt=attempt, version=version)
 
 
 def hold(client, keys, worker_id, jobs, alive=False):
@@ -74,3 +76,32 @@ def test_garbage_held_by_a_dead_worker_is_dead_lettered(redis_client, keys):
     redis_client.lpush(keys.inflight(MODEL, "dead-5"), b"\x93garbage")
     assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 0
     assert redis_client.lrange(keys.dead(MODEL), 0, -1) == [b"\x93garbage"]
+
+
+def test_each_job_goes_back_to_its_own_versions_queue(redis_client, keys):
+    """A dead version-2 worker's jobs go to version 2's queues, whoever recovers them (here a
+    version-1 peer); a bulk item to its version's bulk queue; a message from before versions to
+    version 1's."""
+    results = keys.job_results("a" * 32)
+    held = [job(1, version=2), job(2, version=2, reply_to=results), job(3, version=2), job(4)]
+    hold(redis_client, keys, "dead-v2", held)
+    old = msgpack.unpackb(wire.encode_job(job(5)), raw=False)
+    del old["version"]
+    redis_client.lpush(keys.inflight(MODEL, "dead-v2"), msgpack.packb(old, use_bin_type=True))
+    assert Recovery(redis_client, keys, "peer-v1", 3, 60).sweep() == 5
+
+    def queued(key):
+        return [(j.id, j.version, j.attempt) for j in map(wire.decode_job, redis_client.lrange(key, 0, -1)[::-1])]
+
+    assert queued(keys.queue(MODEL, 2)) == [("job1", 2, 1), ("job3", 2, 1)]
+    assert queued(keys.bulk(MODEL, 2)) == [("job2", 2, 1)]
+    assert queued(keys.queue(MODEL, 1)) == [("job4", 1, 1), ("job5", 1, 1)]
+    assert not redis_client.exists(keys.bulk(MODEL, 1), keys.inflight(MODEL, "dead-v2"))
+
+
+def test_a_version_2_job_past_the_attempt_limit_is_answered_by_version_2(redis_client, keys):
+    hold(redis_client, keys, "dead-v2b", [job(1, attempt=2, version=2)])
+    assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 0
+    reply = wire.decode_reply(redis_client.lpop(f"funnel:reply:{{{MODEL}}}:job1"))
+    assert reply.error["code"] == "too_many_attempts" and reply.version == 2
+    assert [wire.decode_job(r).version for r in redis_client.lrange(keys.dead(MODEL), 0, -1)] == [2]  # per model

@@ -107,6 +107,30 @@ def test_funnel_up_options_per_model_win_over_the_environment(tmp_path):
     assert up.web_env == {"FUNNEL_API_KEYS": "secret", "FUNNEL_THREADS": "3"}
 
 
+def test_funnel_up_serves_each_models_highest_version_and_a_worker_may_name_one(tmp_path):
+    store = a_store(tmp_path, "image-classifier")
+    for version in (1, 3):  # a versioned entry: its workers load the highest version at their start
+        (tmp_path / "text-embedding" / str(version)).mkdir(parents=True)
+        (tmp_path / "text-embedding" / str(version) / "model.json").write_text("{}")
+    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=8", "--no-front-door"],
+                     environ={})
+    assert up.models == up.worker_models == ["image-classifier", "text-embedding"]
+    assert {m: w.model for m, w in worker_settings(up).items()} == {m: m for m in up.models}
+    # NAME:N starts a worker of version N, with the model's own settings.
+    pinned = settings.load(WorkerSettings, [], environ=up.worker_environment("text-embedding:1"))
+    assert (pinned.model, pinned.batch_size) == ("text-embedding:1", 8)
+    assert stack.model_name("text-embedding:1") == "text-embedding"
+
+
+def test_funnel_traffic_reads_version_weight_pairs():
+    from funnel.scripts.traffic import parse_weights
+
+    assert parse_weights(["1=90", "2=10"]) == {1: 90, 2: 10}
+    for bad in (["1"], ["=5"], ["1="], ["1=5", "1=6"], ["0=5"], ["1=0"], ["1=x"]):
+        with pytest.raises(ValueError):
+            parse_weights(bad)
+
+
 def test_funnel_up_refuses_a_batch_size_for_a_model_it_does_not_serve(tmp_path):
     store = a_store(tmp_path, "text-embedding")
     with pytest.raises(SystemExit, match="resnet-50"):

@@ -1,4 +1,5 @@
-"""Every upload costs the web tier a bounded amount: center_crop under hostile shapes, modes, frames, metadata.
+"""Every upload costs the web tier a bounded amount: center_crop and decode under hostile shapes, modes, frames,
+metadata.
 
 The property test generates images across sizes (1 px to past the pixel
 limit, any aspect ratio), pixel modes, formats, frames, EXIF orientations and
@@ -25,7 +26,7 @@ from PIL import Image, PngImagePlugin
 
 from funnel.common.errors import BadInput, Overloaded
 from funnel.common.tasks import imaging
-from funnel.common.tasks.imaging import MAX_ASPECT, MAX_JPEG_SCANS, PixelBudget, center_crop
+from funnel.common.tasks.imaging import MAX_ASPECT, MAX_JPEG_SCANS, PixelBudget, center_crop, decode
 from tests.conftest import jpeg_bytes
 
 RESIZE, CROP = 256, 224
@@ -161,7 +162,7 @@ def test_a_strip_is_refused_before_it_is_decoded(width, height):
     data = make_image("PNG", "L", width, height)
     result, cpu_s, _ = measured(lambda: center_crop(data, RESIZE, CROP, 40_000_000))
     assert isinstance(result, BadInput) and result.code == "bad_image_shape"
-    assert f"{width}x{height}" in result.message and str(MAX_ASPECT) in result.message
+    assert f"{width}x{height}" in result.message and f"{MAX_ASPECT:g} times" in result.message
     assert cpu_s < 0.05
 
 
@@ -280,3 +281,121 @@ def test_the_decode_budget_bounds_concurrent_decoding(monkeypatch):
     monkeypatch.setattr(imaging, "BUDGET", budget)
     assert center_crop(jpeg_bytes(np.zeros((300, 300, 3), np.uint8)), RESIZE, CROP, LIMIT).shape == (CROP, CROP, 3)
 
+
+
+# -- decode: the same guards for any image task, with the task's own aspect limit ---------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=images(), mode=st.sampled_from(["RGB", "L"]))
+def test_decode_answers_any_image_within_the_same_budget(spec, mode):
+    data = make_image(**spec)
+    result, cpu_s, peak_mb = measured(lambda: decode(data, max_pixels=LIMIT, max_aspect=20, mode=mode))
+    if isinstance(result, BadInput):
+        assert result.status == 400 and result.code in CODES and result.message, (spec, result)
+    else:
+        w, h = spec["width"], spec["height"]
+        assert result.mode == mode and sorted(result.size) == sorted((w, h)), spec
+    assert cpu_s < CPU_BUDGET_S, (spec, cpu_s)
+    assert peak_mb < MEMORY_BUDGET_MB, (spec, peak_mb)
+    w, h = spec["width"], spec["height"]
+    if w * h <= LIMIT and max(w, h) <= 20 * min(w, h):
+        assert not isinstance(result, BadInput), spec  # a fair image is never refused
+
+
+def test_decode_refuses_a_strip_at_ten_to_one_but_takes_a_text_line_at_twenty():
+    strip = make_image("PNG", "L", 40000, 1)
+    result, cpu_s, _ = measured(lambda: decode(strip, max_pixels=40_000_000))
+    assert isinstance(result, BadInput) and result.code == "bad_image_shape"
+    assert "40000x1" in result.message and "10 times" in result.message and cpu_s < 0.05
+    line = make_image("PNG", "RGB", 200, 10)
+    with pytest.raises(BadInput) as caught:
+        decode(line, max_pixels=LIMIT)  # 20:1 is past the default
+    assert caught.value.code == "bad_image_shape"
+    image = decode(line, max_pixels=LIMIT, max_aspect=20)
+    assert image.size == (200, 10) and image.mode == "RGB"
+    assert np.asarray(image).shape == (10, 200, 3)
+    tall = decode(make_image("PNG", "L", 10, 200), max_pixels=LIMIT, max_aspect=20, mode="L")
+    assert tall.size == (10, 200) and tall.mode == "L"
+    with pytest.raises(BadInput) as caught:
+        decode(make_image("PNG", "L", 211, 10), max_pixels=LIMIT, max_aspect=20)
+    assert caught.value.code == "bad_image_shape" and "20 times" in caught.value.message
+
+
+def test_decode_refuses_a_decompression_bomb_from_its_header():
+    out = io.BytesIO()
+    Image.new("L", (8000, 8000)).save(out, format="PNG")  # 64 Mpx of zeros in about 64 KB
+    data = out.getvalue()
+    assert len(data) < 200_000
+    result, cpu_s, peak_mb = measured(lambda: decode(data, max_pixels=40_000_000))
+    assert isinstance(result, BadInput) and result.code == "image_too_large" and "8000x8000" in result.message
+    assert cpu_s < 0.05 and peak_mb < 16
+
+
+def test_decode_refuses_a_jpeg_of_too_many_scans(cat_jpeg):
+    junk = b"\xff\xda" * (MAX_JPEG_SCANS + 1)
+    segment = b"\xff\xef" + (len(junk) + 2).to_bytes(2, "big") + junk
+    with pytest.raises(BadInput) as caught:
+        decode(cat_jpeg[:2] + segment + cat_jpeg[2:], max_pixels=LIMIT)
+    assert caught.value.code == "image_too_complex"
+
+
+@pytest.mark.parametrize("fmt", ["PPM", "ICO", "PDF"])
+def test_decode_opens_only_the_listed_formats(fmt):
+    out = io.BytesIO()
+    Image.new("RGB", (50, 50)).save(out, format=fmt)
+    with pytest.raises(BadInput) as caught:
+        decode(out.getvalue(), max_pixels=LIMIT)
+    assert caught.value.code == "not_an_image" and "JPEG" in caught.value.message
+
+
+@pytest.mark.parametrize("data", [b"", b"\x89PNG\r\n\x1a\n" + b"\0" * 40, b"GIF89a" + b"\xff" * 20])
+def test_decode_answers_garbage_with_a_400(data):
+    with pytest.raises(BadInput) as caught:
+        decode(data, max_pixels=LIMIT)
+    assert caught.value.status == 400 and caught.value.code in CODES
+
+
+def test_decode_turns_the_image_upright():
+    upright = np.zeros((30, 400, 3), np.uint8)
+    upright[:, :200] = 255  # white left half
+    stored = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)  # as the sensor wrote it: 30 wide
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    stored.save(out, format="JPEG", exif=exif.tobytes(), quality=95)
+    pixels = np.asarray(decode(out.getvalue(), max_pixels=LIMIT, max_aspect=20))
+    assert pixels.shape == (30, 400, 3)
+    assert pixels[:, :180].mean() > 200 and pixels[:, 220:].mean() < 50
+
+
+def test_decode_draws_a_jpeg_at_the_smallest_scale_that_keeps_min_side():
+    data = jpeg_bytes(np.full((800, 1600, 3), 128, np.uint8))
+    assert decode(data, max_pixels=LIMIT * 8).size == (1600, 800)
+    assert decode(data, max_pixels=LIMIT * 8, min_side=100, mode="L").size == (200, 100)  # 1/8
+    assert decode(data, max_pixels=LIMIT * 8, min_side=300).size == (800, 400)  # 1/2: 1/4 would be 200 high
+
+
+def test_decode_keeps_sixteen_bit_contrast_and_drops_alpha():
+    ramp = (np.arange(300 * 30, dtype=np.uint64).reshape(30, 300) * 65535 // (300 * 30 - 1)).astype(np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(ramp).save(out, format="PNG")
+    grey = np.asarray(decode(out.getvalue(), max_pixels=LIMIT, max_aspect=20, mode="L"))
+    assert grey.dtype == np.uint8 and grey.min() < 5 and grey.max() > 250
+    out = io.BytesIO()
+    Image.new("RGBA", (40, 20), (10, 20, 30, 0)).save(out, format="PNG")
+    assert decode(out.getvalue(), max_pixels=LIMIT).mode == "RGB"
+    with pytest.raises(ValueError):
+        decode(out.getvalue(), max_pixels=LIMIT, mode="RGBA")
+
+
+def test_decode_takes_its_share_of_the_decode_budget(monkeypatch):
+    budget = PixelBudget(100)
+    monkeypatch.setattr(imaging, "BUDGET", budget)
+    monkeypatch.setattr(imaging, "DECODE_WAIT_S", 0.05)
+    with budget.hold(100, timeout_s=1):
+        with pytest.raises(Overloaded) as caught:
+            decode(make_image("PNG", "RGB", 20, 20), max_pixels=LIMIT)
+        assert budget.used == 100  # its own share was never taken
+    assert caught.value.code == "busy" and budget.used == 0
+    assert decode(make_image("PNG", "RGB", 20, 20), max_pixels=LIMIT).size == (20, 20)

@@ -23,7 +23,7 @@ def test_job_ids_carry_their_creation_time():
 
 
 def test_job_keys(keys):
-    assert keys.bulk("m") == "funnel:bulk:{m}"
+    assert keys.bulk("m") == "funnel:bulk:{m}:1"
     assert keys.job("abc") == "funnel:job:abc" and keys.job_results("abc") == "funnel:job:abc:results"
     assert keys.job_of_results("funnel:job:abc:results") == "abc"
     assert keys.job_of_results("funnel:job:abc") == "" and keys.job_of_results("funnel:reply:abc") == ""

@@ -1,7 +1,7 @@
 import pytest
 from redis.crc import key_slot
 
-from funnel.common.keys import Keys, model_of
+from funnel.common.keys import Keys, model_of, version_of
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 
@@ -12,8 +12,11 @@ def slot(key: str) -> int:
 
 def test_key_names_are_readable():
     keys = Keys("funnel")
-    assert keys.queue(TEXT) == "funnel:queue:{text-embedding}"
-    assert keys.bulk(TEXT) == "funnel:bulk:{text-embedding}"
+    assert keys.queue(TEXT) == keys.queue(TEXT, 1) == "funnel:queue:{text-embedding}:1"
+    assert keys.queue(TEXT, 2) == "funnel:queue:{text-embedding}:2"
+    assert keys.bulk(TEXT) == "funnel:bulk:{text-embedding}:1"
+    assert keys.bulk(TEXT, 12) == "funnel:bulk:{text-embedding}:12"
+    assert keys.traffic(TEXT) == "funnel:traffic:{text-embedding}"
     assert keys.reply(TEXT, "web-ab12") == "funnel:reply:{text-embedding}:web-ab12"
     assert keys.inflight(TEXT, "w1") == "funnel:inflight:{text-embedding}:w1"
     assert keys.recovering_lock(TEXT, "w1") == "funnel:recovering:{text-embedding}:w1:lock"
@@ -21,21 +24,49 @@ def test_key_names_are_readable():
     assert keys.dead("m") == "funnel:dead:{m}"
     assert keys.workers() == "funnel:workers" and keys.device_claims() == "funnel:device-claims"
     assert model_of(keys.inflight(TEXT, "w1")) == TEXT and model_of(keys.workers()) == ""
+    assert model_of(keys.queue(TEXT, 3)) == TEXT and model_of(keys.traffic(TEXT)) == TEXT
+
+
+def test_the_version_a_queue_key_names():
+    keys = Keys("funnel")
+    assert version_of(keys.queue(TEXT, 2)) == 2 and version_of(keys.bulk(TEXT, 10)) == 10
+    for other in (keys.dead(TEXT), keys.traffic(TEXT), keys.workers(), keys.recovering_lock(TEXT, "7"),
+                  "funnel:queue:{m}:0", "funnel:queue:{m}:02", "funnel:queue:{m}:x"):
+        assert version_of(other) == 0, other
+
+
+@pytest.mark.parametrize("version", [0, -1, True, 1.0, "1", None])
+def test_a_version_is_a_positive_integer(version):
+    with pytest.raises(ValueError, match="version"):
+        Keys().queue(TEXT, version)
+    with pytest.raises(ValueError, match="version"):
+        Keys().bulk(TEXT, version)
+
+
+def test_patterns_cover_every_version():
+    keys = Keys("funnel")
+    assert keys.pattern("queue") == "funnel:queue:*" and keys.pattern("traffic") == "funnel:traffic:*"
+    with pytest.raises(ValueError):
+        keys.pattern("queues")
 
 
 def test_every_key_of_one_atomic_step_is_in_the_models_slot():
     """Redis Cluster refuses a script or MULTI whose keys span slots: these must all agree."""
     keys = Keys("funnel")
     for model in (TEXT, IMAGE, "m"):
-        push = [keys.queue(model), keys.inflight(model, "w1"), keys.inflight(model, "w-2")]   # web's push script
-        take = [keys.queue(model), keys.inflight(model, "w1"), keys.bulk(model)]              # take script, BLMOVE
-        reply = [keys.reply(model, "web-1"), keys.reply(model, "job1"), keys.dead(model),     # reply MULTI
-                 keys.inflight(model, "w1")]
-        claim = [keys.worker(model, "w1"), keys.inflight(model, "w1"),                        # recovery's claim
-                 keys.recovering(model, "w1"), keys.recovering_lock(model, "w1")]
-        requeue = [keys.queue(model), keys.bulk(model), keys.dead(model), keys.reply(model, "x"),  # and requeue
-                   keys.recovering(model, "w1"), keys.recovering_lock(model, "w1")]
-        assert {slot(k) for k in push + take + reply + claim + requeue} == {slot(keys.queue(model))}
+        for version in (1, 2, 37):
+            push = [keys.queue(model, version), keys.inflight(model, "w1"),                   # web's push script
+                    keys.inflight(model, "w-2"), keys.traffic(model)]
+            take = [keys.queue(model, version), keys.inflight(model, "w1"), keys.bulk(model, version)]  # take, BLMOVE
+            reply = [keys.reply(model, "web-1"), keys.reply(model, "job1"), keys.dead(model),  # reply MULTI
+                     keys.inflight(model, "w1")]
+            claim = [keys.worker(model, "w1"), keys.inflight(model, "w1"),                     # recovery's claim
+                     keys.recovering(model, "w1"), keys.recovering_lock(model, "w1")]
+            # The requeue MULTI puts a dead worker's jobs back on each job's own version's queues.
+            requeue = [keys.queue(model, version), keys.bulk(model, version), keys.queue(model, 1),
+                       keys.bulk(model, 1), keys.dead(model), keys.reply(model, "x"),
+                       keys.recovering(model, "w1"), keys.recovering_lock(model, "w1")]
+            assert {slot(k) for k in push + take + reply + claim + requeue} == {slot(keys.queue(model))}
 
 
 def test_different_models_land_in_different_slots():

@@ -10,6 +10,7 @@ import pytest
 
 from funnel.common import lua_scripts, registry
 from funnel.common.errors import BadInput, Overloaded, Unavailable
+from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.queueing import shedding
 from funnel.web.queueing.shedding import WorkerView, capacity, request_timeout, retry_after_s
@@ -108,8 +109,9 @@ def pixels(n=1):
 
 @contextlib.contextmanager
 def pipeline(client, keys, **settings):
-    """The web tier's pipeline (no models: run() takes prepared inputs), its inbox closed after."""
-    opened = Pipeline({}, client, keys, WebSettings(**settings))
+    """The web tier's pipeline (no models in its catalog: run() takes prepared inputs), its inbox
+    closed after."""
+    opened = Pipeline(Catalog("/nonexistent", [], {}), client, keys, WebSettings(**settings))
     try:
         yield opened
     finally:
@@ -117,7 +119,7 @@ def pipeline(client, keys, **settings):
 
 
 def submit(pipe: Pipeline, timeout_s: float):
-    return asyncio.run(pipe.run(MODEL, pixels(), timeout_s))
+    return asyncio.run(pipe.run(MODEL, 1, pixels(), timeout_s))
 
 
 def test_no_live_worker_is_503_at_once_unless_held(redis_client, keys):

@@ -1,6 +1,7 @@
 """The built-in tasks: preprocessing on the web side, checks, buckets and collation on the worker side."""
 
 import io
+import itertools
 import random
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from funnel.common import tasks
 from funnel.common.errors import BadInput
 from funnel.common.store import load_spec
+from funnel.common.tasks.buckets import group_by_width
 from funnel.common.tasks.image_classification import ImageClassification
 from funnel.common.tasks.text_embedding import TextEmbedding
 from tests.conftest import jpeg_bytes
@@ -193,4 +195,44 @@ def test_buckets_split_one_long_text_from_many_short(text):
 def test_buckets_keep_uniform_or_small_batches_whole(text):
     groups = text.buckets([ids(10), ids(12), ids(11)] * 8)
     assert len(groups) == 1 and sorted(groups[0]) == list(range(24))
-    assert len(text.buckets([ids(5), ids(40)])) == 1  # saves < MIN_SAVED_TOKENS
+    assert len(text.buckets([ids(5), ids(40)])) == 1  # saves 35 padded tokens, less than a run costs
+
+
+def test_buckets_split_a_spread_batch_into_a_few_runs(text):
+    """Lengths spread from 8 to 256: the halving rule kept them whole (2x the tokens of one by one)."""
+    lengths = list(range(8, 257, 8))  # 32 texts
+    groups = text.buckets([ids(n) for n in lengths])
+    assert 4 <= len(groups) <= 10 and sorted(i for g in groups for i in g) == list(range(32))
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    assert padded < 0.6 * 32 * 256
+    assert [max(lengths[i] for i in g) for g in groups] == sorted(max(lengths[i] for i in g) for g in groups)
+
+
+def test_run_cost_tokens_comes_from_model_json(text_spec):
+    spec = type(text_spec)(name=text_spec.name, task=text_spec.task, path=text_spec.path, batch_size=32,
+                           config={**text_spec.config, "run_cost_tokens": 0})
+    items = [ids(10), ids(12), ids(11), ids(10)]
+    assert sorted(map(sorted, tasks.load(spec).buckets(items))) == [[0, 3], [1], [2]]  # every length apart
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_group_by_width_finds_the_cheapest_runs(seed):
+    rng = random.Random(seed)
+    widths = [rng.randint(1, 40) for _ in range(rng.randint(1, 9))]
+    run_cost = rng.choice([0, 5, 20, 100])
+    runs = group_by_width(widths, run_cost)
+    assert sorted(i for r in runs for i in r) == list(range(len(widths)))
+
+    def cost(runs):
+        return sum(len(r) * max(widths[i] for i in r) + run_cost for r in runs)
+
+    order = sorted(range(len(widths)), key=widths.__getitem__)
+    cheapest = min(cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))])
+                   for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k))
+    assert cost(runs) == cheapest
+
+
+def test_group_by_width_keeps_equal_widths_together():
+    assert group_by_width([3, 1, 3, 2], 0) == [[1], [3], [0, 2]]  # narrowest first, each width apart
+    assert group_by_width([7] * 5, 0) == [[0, 1, 2, 3, 4]]
+    assert group_by_width([], 10) == []

@@ -136,3 +136,44 @@ def test_corrupted_valid_jobs_decode_or_fail_cleanly(flips, cut):
     except WireError:
         return
     assert isinstance(job, Job) and all(isinstance(t, np.ndarray) for t in job.inputs.values())
+
+
+def test_a_jobs_model_version_round_trips():
+    job = make_job()
+    assert job.version == 1 and wire.decode_job(wire.encode_job(job)).version == 1
+    job.version = 7
+    assert wire.decode_job(wire.encode_job(job)).version == 7
+
+
+def test_a_replys_model_version_round_trips():
+    assert wire.decode_reply(wire.encode_reply(Reply(id="j", ok=True, outputs={}))).version == 1
+    back = wire.decode_reply(wire.encode_reply(Reply(id="j", ok=True, outputs={"x": 1}, version=3)))
+    assert back.version == 3 and back.outputs == {"x": 1}
+    failed = wire.decode_reply(wire.encode_reply(Reply.failure("j", "bad_input", "no", version=2)))
+    assert failed.version == 2 and not failed.ok
+
+
+def test_messages_from_before_versions_are_version_1():
+    """A job or reply written without the field (an older web or worker) decodes as version 1,
+    under the same protocol version."""
+    old_job = valid_job_map()
+    old_job.pop("version")
+    old_job.pop("raw")
+    assert old_job["v"] == wire.VERSION == 1
+    back = wire.decode_job(msgpack.packb(old_job, use_bin_type=True))
+    assert back.version == 1 and back.raw is False
+    old_reply = msgpack.unpackb(wire.encode_reply(Reply(id="j", ok=True, outputs={}, version=5)), raw=False)
+    old_reply.pop("version")
+    assert wire.decode_reply(msgpack.packb(old_reply, use_bin_type=True)).version == 1
+
+
+@pytest.mark.parametrize("version", [0, -2, True, 1.5, "2", None, [2]])
+def test_a_bad_model_version_is_a_wire_error(version):
+    job = valid_job_map()
+    job["version"] = version
+    with pytest.raises(WireError, match="version|wrong type"):
+        wire.decode_job(msgpack.packb(job, use_bin_type=True))
+    reply = msgpack.unpackb(wire.encode_reply(Reply(id="j", ok=True, outputs={})), raw=False)
+    reply["version"] = version
+    with pytest.raises(WireError, match="version|wrong type"):
+        wire.decode_reply(msgpack.packb(reply, use_bin_type=True))

@@ -13,6 +13,7 @@ did not bring.
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from funnel.common.errors import BadInput
+from funnel.common.errors import BadInput, InferenceFailed
 from funnel.web.jsonio import OPTIONS
 
 # Protocol datatype -> numpy dtype (little-endian, as the protocol sends them). BYTES is apart.
@@ -31,6 +32,8 @@ DATATYPES: dict[str, np.dtype] = {name: np.dtype(kind).newbyteorder("<") for nam
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.items()}
 NAMES_OF = {dtype.name: name for name, dtype in DATATYPES.items()}
 MAX_DIMS = 8
+
+log = logging.getLogger("funnel.web")
 
 
 @dataclass
@@ -173,15 +176,43 @@ def join_bytes(elements: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(e)) + e for e in elements)
 
 
+def stack_rows(name: str, rows: list[np.ndarray]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Items' rows of one output as one [n, ...] tensor, and the output's parameters.
+
+    Rows of one shape are stacked as they are (no parameters). Rows whose
+    shapes differ (a variable-length output whose items ran in different
+    batches, or in different runs of one) are padded with zeros at the end of
+    each axis to the largest size on that axis, and the parameters say so:
+    {"padded": true, "row_shapes": [each row's own shape]}. Rows of different
+    ranks cannot share a tensor: the model's fault, a 500 that says so.
+    """
+    shapes = [row.shape for row in rows]
+    first = shapes[0]
+    if all(shape == first for shape in shapes):
+        return np.stack(rows), {}
+    other = next((shape for shape in shapes if len(shape) != len(first)), None)
+    if other is not None:
+        message = (f"output {name!r}: the model gave rows of different ranks, {list(first)} and {list(other)}, "
+                   f"which no tensor can hold; send these items in separate requests")
+        log.warning("answering 500: %s", message)
+        raise InferenceFailed(message)
+    padded = np.zeros((len(rows), *np.max(shapes, axis=0)), dtype=rows[0].dtype)
+    for out, row in zip(padded, rows):
+        out[tuple(slice(0, size) for size in row.shape)] = row
+    return padded, {"padded": True, "row_shapes": [list(shape) for shape in shapes]}
+
+
 def output_entry(name: str, value: np.ndarray | list[bytes], shape: list[int], binary: bool,
-                 chunks: list[bytes]) -> dict:
-    """One output of an answer; its bytes go to chunks when sent as binary data."""
+                 chunks: list[bytes], parameters: dict[str, Any] | None = None) -> dict:
+    """One output of an answer (with its parameters, if any); its bytes go to chunks when sent as binary data."""
     datatype = "BYTES" if isinstance(value, list) else NAMES_OF[value.dtype.name]
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+    if parameters:
+        entry["parameters"] = dict(parameters)
     if binary:
         raw = join_bytes(value) if isinstance(value, list) else \
             np.ascontiguousarray(value, dtype=DATATYPES[datatype]).tobytes()
-        entry["parameters"] = {"binary_data_size": len(raw)}
+        entry["parameters"] = {**entry.get("parameters", {}), "binary_data_size": len(raw)}
         chunks.append(raw)
     elif isinstance(value, list):
         entry["data"] = [e.decode("utf-8", errors="replace") for e in value]

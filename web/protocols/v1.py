@@ -1,4 +1,4 @@
-"""POST /v1/models/<name>/predict: Funnel's own JSON (or image upload) in, JSON out.
+"""POST /v1/models/<name>[/versions/<n>]/predict: Funnel's own JSON (or image upload) in, JSON out.
 
     image  multipart field `file`, or a raw image/* body      -> {"model", "predictions", "meta"}
     text   {"text": "..."} or {"texts": [...]}                 -> {"model", "embedding", "meta"}
@@ -27,7 +27,7 @@ from funnel.web.protocols.inputs import read_items
 
 log = logging.getLogger("funnel.web")
 
-PATH = re.compile(r"/v1/models/(?P<name>[^/]+)/predict")
+PATH = re.compile(r"/v1/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/predict")
 
 
 class V1:
@@ -41,7 +41,7 @@ class V1:
     def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
         name = task.spec.name
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
-        meta = [{"worker": r.worker, "batch_size": r.batch_size,
+        meta = [{"worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
                  "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
         if work.context["single"]:
             body = {"model": name, **results[0], "meta": meta[0]}

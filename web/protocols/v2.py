@@ -9,15 +9,15 @@ A model's tensors, as clients written for Triton and KServe send them:
   (the image model's `pixels`, UINT8 [n, 224, 224, 3]), checked by the task.
 
 A request with batch n becomes n jobs, answered with the model's own output
-rows stacked to [n, ...] (FP32), or as "score:index:label" strings with the
-classification extension. Errors are {"error": "<message>"}.
+rows stacked to [n, ...] (FP32; rows of different shapes zero-padded, which the
+output's parameters "padded" and "row_shapes" say), or as "score:index:label"
+strings with the classification extension. Errors are {"error": "<message>"}.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -28,14 +28,22 @@ from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request
 
+from funnel.common import registry
 from funnel.common.errors import BadInput, FunnelError
-from funnel.common.keys import Keys
 from funnel.common.registry import live_workers
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
 from funnel.web import errors
-from funnel.web.pipeline import MODEL_VERSION, Rendered, Work
-from funnel.web.protocols.tensors import NAMES_OF, Tensor, output_entry, read_inputs, response_body, split_body
+from funnel.web.pipeline import Pipeline, Rendered, Work
+from funnel.web.protocols.tensors import (
+    NAMES_OF,
+    Tensor,
+    output_entry,
+    read_inputs,
+    response_body,
+    split_body,
+    stack_rows,
+)
 
 log = logging.getLogger("funnel.web")
 
@@ -51,12 +59,12 @@ def server_version() -> str:
         return "unknown"
 
 
-def metadata(task: Task) -> dict[str, Any]:
+def metadata(task: Task, versions: list[int]) -> dict[str, Any]:
     """The model as GET /v2/models/<name> states it: either input form, and the raw outputs."""
     inputs: list[dict[str, Any]] = [{"name": BYTES_INPUT[task.input_kind], "datatype": "BYTES", "shape": [-1]}]
     for name, declared in fixed_inputs(task).items():
         inputs.append({"name": name, "datatype": NAMES_OF[declared["dtype"]], "shape": [-1, *declared["shape"]]})
-    return {"name": task.spec.name, "versions": [MODEL_VERSION], "platform": f"funnel_{task.spec.task}",
+    return {"name": task.spec.name, "versions": [str(v) for v in versions], "platform": f"funnel_{task.spec.task}",
             "inputs": inputs,
             "outputs": [{"name": name, "datatype": "FP32", "shape": [-1, *shape]}
                         for name, shape in task.output_shapes().items()],
@@ -142,10 +150,10 @@ def requested_outputs(task: Task, header: dict) -> list[tuple[str, bool, int]]:
     return out
 
 
-def classify(rows: np.ndarray, k: int, labels) -> list[bytes]:
+def classify(rows: list[np.ndarray], k: int, labels) -> list[bytes]:
     """Triton's classification extension: the k best of each row as "score:index[:label]"."""
     out = []
-    for row in rows.reshape(len(rows), -1):
+    for row in (r.reshape(-1) for r in rows):
         for i in np.argsort(-row, kind="stable")[:k]:
             out.append((f"{row[i]:f}:{i}" + (f":{labels[i]}" if labels else "")).encode())
     return out
@@ -155,12 +163,9 @@ def error_response(message: str, status: int) -> Response:
     return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
 
 
-def install_probes(v2: Blueprint, models: dict[str, Task], resolve: Callable[[str, str | None], Task],
-                   client: redis.Redis, keys: Keys) -> None:
+def install_probes(v2: Blueprint, pipeline: Pipeline) -> None:
     """Server metadata, liveness and readiness, model metadata and readiness."""
-
-    def live_models() -> set[str]:
-        return {w.get("model", "") for w in live_workers(client, keys)}
+    catalog, client, keys = pipeline.catalog, pipeline.client, pipeline.keys
 
     @v2.get("")
     def server_metadata():
@@ -172,7 +177,8 @@ def install_probes(v2: Blueprint, models: dict[str, Task], resolve: Callable[[st
 
     @v2.get("/health/ready")
     def ready():
-        missing = set(models) - live_models()
+        workers = live_workers(client, keys)
+        missing = [name for name in catalog.names() if not registry.versions_live(workers, name)]
         if missing:
             return error_response(f"no live worker for {', '.join(sorted(missing))}", 503)
         return {"ready": True}
@@ -180,30 +186,34 @@ def install_probes(v2: Blueprint, models: dict[str, Task], resolve: Callable[[st
     @v2.get("/models/<name>")
     @v2.get("/models/<name>/versions/<model_version>")
     def model_metadata(name: str, model_version: str | None = None):
-        return metadata(resolve(name, model_version))
+        return metadata(pipeline.resolve(name, model_version), sorted(catalog.versions(name)))
 
     @v2.get("/models/<name>/ready")
     @v2.get("/models/<name>/versions/<model_version>/ready")
     def model_ready(name: str, model_version: str | None = None):
-        resolve(name, model_version)
-        if name not in live_models():
-            return error_response(f"no live worker for {name}", 503)
+        pipeline.resolve(name, model_version)
+        live = registry.versions_live(live_workers(client, keys), name)
+        if not live or (model_version is not None and int(model_version) not in live):
+            return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
+                                                                    else ""), 503)
         return {"name": name, "ready": True}
 
 
 def outputs_of(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Reply]
                    ) -> tuple[list[dict], list[bytes]]:
-    """The requested outputs, each the replies' rows stacked to [n, ...] or classified."""
+    """The requested outputs, each the replies' rows stacked to [n, ...] (rows of different shapes
+    padded, the output's parameters say so: tensors.stack_rows), or each row classified on its own values."""
     outputs: list[dict] = []
     chunks: list[bytes] = []
     for output, binary, classes in wanted:
-        rows = np.stack([np.asarray((r.outputs or {})[output]) for r in replies]).astype(np.float32)
+        rows = [np.asarray((r.outputs or {})[output], dtype=np.float32) for r in replies]
         if classes:
-            k = min(classes, rows[0].size)
+            k = min(classes, min(row.size for row in rows))
             outputs.append(output_entry(output, classify(rows, k, task.class_labels()), [len(rows), k],
                                         binary, chunks))
         else:
-            outputs.append(output_entry(output, rows, list(rows.shape), binary, chunks))
+            value, parameters = stack_rows(output, rows)
+            outputs.append(output_entry(output, value, list(value.shape), binary, chunks, parameters))
     return outputs, chunks
 
 
@@ -222,7 +232,7 @@ class V2:
 
     def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
         outputs, chunks = outputs_of(task, work.context["wanted"], replies)
-        head: dict[str, Any] = {"model_name": task.spec.name, "model_version": MODEL_VERSION}
+        head: dict[str, Any] = {"model_name": task.spec.name, "model_version": str(task.spec.version)}
         if isinstance(work.context["id"], str):
             head["id"] = work.context["id"]
         body, headers = response_body(head, outputs, chunks)
@@ -236,8 +246,7 @@ class V2:
         return status, orjson.dumps({"error": body["error"]["message"]}), headers
 
 
-def create_blueprint(models: dict[str, Task], resolve: Callable[[str, str | None], Task], client: redis.Redis,
-                     keys: Keys) -> Blueprint:
+def create_blueprint(pipeline: Pipeline) -> Blueprint:
     """The protocol's probes and metadata, answered by Flask (infer is the front's: V2)."""
     v2 = Blueprint("v2", __name__, url_prefix="/v2")
 
@@ -248,5 +257,5 @@ def create_blueprint(models: dict[str, Task], resolve: Callable[[str, str | None
         status, body, headers = V2(0).render_error(exc, request)
         return Response(body, status=status, headers=headers, mimetype="application/json")
 
-    install_probes(v2, models, resolve, client, keys)
+    install_probes(v2, pipeline)
     return v2

@@ -96,9 +96,9 @@ class Capacity:
                                   OVERHEAD_S)]
 
 
-def capacity(workers: list[dict[str, str]], model: str) -> Capacity:
-    """A model's Capacity from the registry's live workers."""
-    mine = [w for w in workers if w.get("model") == model]
+def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Capacity:
+    """A model version's Capacity from the registry's live workers."""
+    mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
     costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
     if not costs:
         return Capacity(tuple(w["id"] for w in mine))
@@ -153,42 +153,56 @@ class WorkerView:
         self._workers: list[dict[str, str]] | None = None
         self._read_at = -math.inf
         self._lock = threading.Lock()
-        self._served_at: dict[str, float] = {}  # model -> when this process last saw a live worker of it
-        self._computed: dict[str, tuple[list, Capacity]] = {}  # model -> (the view it was computed from, its capacity)
+        # (model, version) -> when this process last saw a live worker of it
+        self._served_at: dict[tuple[str, int], float] = {}
+        # (model, version) -> (the view it was computed from, its capacity)
+        self._computed: dict[tuple[str, int], tuple[list, Capacity]] = {}
 
-    def recently_served(self, model: str) -> bool:
-        """Whether a live worker of the model was seen within NO_WORKER_GRACE_S."""
-        return self.clock() - self._served_at.get(model, -math.inf) < NO_WORKER_GRACE_S
+    def recently_served(self, model: str, version: int = 1) -> bool:
+        """Whether a live worker of the model version was seen within NO_WORKER_GRACE_S."""
+        return self.clock() - self._served_at.get((model, version), -math.inf) < NO_WORKER_GRACE_S
 
-    def capacity(self, model: str) -> Capacity:
-        found = self._capacity(model)
+    def capacity(self, model: str, version: int = 1) -> Capacity:
+        found = self._capacity(model, version)
         if found.workers:
-            self._served_at[model] = self.clock()
+            self._served_at[model, version] = self.clock()
         return found
 
-    def _capacity(self, model: str) -> Capacity:
+    def live_versions(self, model: str) -> set[int]:
+        """The versions of a model with a live worker, in the current view."""
+        return registry.versions_live(self._view(bool(self._workers)), model)
+
+    def _capacity(self, model: str, version: int) -> Capacity:
+        if self._workers is not None:
+            last = self._of(self._workers, model, version)
+            return self._of(self._view(bool(last.workers)), model, version)
+        return self._of(self._view(False), model, version)
+
+    def _view(self, patient: bool) -> list[dict[str, str]]:
+        """The live workers, re-read when stale: sooner while it shows none for what is asked.
+
+        patient: what is asked has workers in the last view; then a stale view is re-read by
+        one thread while the others go on with the last one, else they wait for the fresh one.
+        """
         now = self.clock()
         if self._workers is not None:
-            last = self._of(self._workers, model)
-            if now - self._read_at < (self.refresh_s if last.workers else EMPTY_REFRESH_S):
-                return last
-            # Stale: one thread re-reads while the others go on with the last view, unless it
-            # shows no worker for this model (then they wait for the fresh one).
-            if not self._lock.acquire(blocking=not last.workers):
-                return last
+            if now - self._read_at < (self.refresh_s if patient else EMPTY_REFRESH_S):
+                return self._workers
+            if not self._lock.acquire(blocking=not patient):
+                return self._workers
         else:
             self._lock.acquire()
         try:
             if self._read_at <= now:  # nobody refreshed it while this thread waited
                 self._workers = registry.live_workers(self.client, self.keys)
                 self._read_at = self.clock()
-            return self._of(self._workers or [], model)
+            return self._workers or []
         finally:
             self._lock.release()
 
-    def _of(self, workers: list[dict[str, str]], model: str) -> Capacity:
-        """capacity(), computed once per view and model, not once per request."""
-        computed = self._computed.get(model)
+    def _of(self, workers: list[dict[str, str]], model: str, version: int) -> Capacity:
+        """capacity(), computed once per view and model version, not once per request."""
+        computed = self._computed.get((model, version))
         if computed is None or computed[0] is not workers:
-            computed = self._computed[model] = (workers, capacity(workers, model))
+            computed = self._computed[model, version] = (workers, capacity(workers, model, version))
         return computed[1]

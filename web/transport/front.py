@@ -1,6 +1,6 @@
 """The ASGI app each web process serves: predict-like routes on the event loop, the rest to Flask.
 
-    POST /v1/models/<name>/predict                        protocols/v1.py  } the body read here, the API
+    POST /v1/models/<name>[/versions/<v>]/predict         protocols/v1.py  } the body read here, the API
     POST /v2/models/<name>[/versions/<v>]/infer           protocols/v2.py  } key checked, then web/pipeline.py
     POST /v1/models/<name>/predict asking for a job       Flask: protocols/jobs.py (Prefer: respond-async,
                                                           or a Webhook-URL)
@@ -86,7 +86,7 @@ class Front:
         else:
             status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
                                                                params.get("version"))
-        name = params["name"] if params["name"] in self.pipeline.models else "unknown"
+        name = params["name"] if self.pipeline.catalog.versions(params["name"]) else "unknown"
         metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers = [("Content-Type", "application/json"), *headers]

@@ -1,8 +1,14 @@
-"""VectorScore: JSON lists of numbers in, {"scores", "label"} out.
+"""Toy tasks of a package outside Funnel.
 
-model.json (written by `funnel add`): "dim" (the vector's length), "labels" (a
-file, one class name per line), and a graph taking "vectors" [n, dim] float32
-and giving "scores" [n, classes].
+VectorScore: JSON lists of numbers in, {"scores", "label"} out. model.json
+(written by `funnel add`): "dim" (the vector's length), "labels" (a file, one
+class name per line), and a graph taking "vectors" [n, dim] float32 and giving
+"scores" [n, classes]. PacedScore: the same at a fixed speed.
+
+ScaledList and ScaledByWidth: a variable-length output. JSON lists of 1 to
+max_len numbers in, each number times the graph's constant out; the graph takes
+"values" [n, width] and gives "scaled" [n, width], so an item's row is as wide as
+its run's widest list (ScaledByWidth runs every width apart: as wide as its own).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 
 from funnel.common.errors import BadInput
 from funnel.common.tasks import Inputs, Task
+from funnel.common.tasks.buckets import group_by_width
 
 
 class VectorScore(Task):
@@ -71,3 +78,51 @@ class PacedScore(VectorScore):
         config = self.spec.config
         time.sleep(float(config["pace_batch_s"]) + float(config["pace_item_s"]) * len(items))
         return super().collate(items)
+
+
+class ScaledList(Task):
+    """A list of 1 to max_len numbers in, each scaled by the graph, out: {"values": [...]}.
+
+    `collate` pads a batch with zeros to its widest list, as a text task pads to
+    its longest text: each row of the output is as wide as the widest list of the
+    run it was in, a variable-length output. /v1 answers it as it comes; /v2
+    stacks the rows of a request, padding those of different widths.
+    """
+
+    input_kind = "json"
+    default_limits = {"max_len": 256}
+
+    def preprocess(self, item: Any) -> Inputs:
+        if not isinstance(item, list) or not 0 < len(item) <= self.limits["max_len"]:
+            raise BadInput(f"each input is a list of 1 to {self.limits['max_len']} numbers", code="bad_list")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in item):
+            raise BadInput("every element must be a finite number", code="bad_list")
+        return {"values": np.asarray(item, dtype=np.float32)}
+
+    def check(self, inputs: Inputs) -> None:
+        values = inputs.get("values")
+        if (values is None or values.dtype != np.float32 or values.ndim != 1
+                or not 0 < len(values) <= self.limits["max_len"]):
+            raise BadInput(f"expected float32 of shape (1 to {self.limits['max_len']},)", code="bad_input")
+
+    def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
+        widest = max(len(item["values"]) for item in items)
+        values = np.zeros((len(items), widest), dtype=np.float32)
+        for row, item in zip(values, items):
+            row[:len(item["values"])] = item["values"]
+        return {"values": values}
+
+    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"values": row["scaled"].tolist()}
+
+
+class ScaledByWidth(ScaledList):
+    """ScaledList whose batches run in groups of like width: `buckets()` with Funnel's group_by_width.
+
+    model.json's "run_cost" is what one more model call costs, in padded numbers:
+    0 (the default) runs every width apart, so each row comes back exactly as wide
+    as its own list; a larger one merges close widths into fewer runs.
+    """
+
+    def buckets(self, items: list[Inputs]) -> list[list[int]]:
+        return group_by_width([len(item["values"]) for item in items], float(self.spec.config.get("run_cost", 0)))
