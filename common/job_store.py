@@ -6,9 +6,14 @@ Plain Redis with explicit arguments, no web framework: the web tier's routes
 A job is created whole, its record and every item payload in one MULTI/EXEC
 (common/jobs.py has the record's fields): a web process that dies after
 answering loses nothing, and one that dies before leaves nothing half made.
-An Idempotency-Key (per model) names the job it made for the job TTL: a
-second submit with it gets that job back, or a Conflict when its body
-differs; concurrent submits with one key make one job (WATCH on the key).
+An Idempotency-Key (per model and per API key) names the job it made for the
+job TTL: a second submit with it from the same API key gets that job back, or
+a Conflict when its body differs; concurrent submits with one key make one job
+(WATCH on the key). Another API key's same Idempotency-Key is another key.
+
+Every call that touches a job says who asks (jobs.Caller): a job is its
+submitter's, and anyone else (but an admin key) is answered as for an id that
+never existed, after the same Redis round trips (no timing tell).
 
 A job id starts with its creation time, so a job that expired (410) is told
 from one that never was (404) without a tombstone.
@@ -17,6 +22,7 @@ from one that never was (404) without a tombstone.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -24,6 +30,7 @@ import redis
 
 from funnel.common import jobs, lua_scripts
 from funnel.common.errors import FunnelError, NotFound, Overloaded
+from funnel.common.jobs import Caller
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, encode_job, now_ms
 
@@ -85,24 +92,25 @@ class JobStore:
 
     def create(self, job_id: str, model: str, created_ms: int, payloads: list[bytes], body_sha256: str,
                webhook: str | None = None, idempotency_key: str | None = None,
-               version: int = 1) -> tuple[jobs.Record, bool]:
-        """Write the record and queue every item in one transaction: (the record, False). With an
-        Idempotency-Key that a concurrent submit used first: (that job's record, True), nothing
-        written; Conflict if that submit's body differed."""
+               version: int = 1, *, caller: Caller) -> tuple[jobs.Record, bool]:
+        """Write the record, owned by the caller, and queue every item in one transaction: (the
+        record, False). With an Idempotency-Key that a concurrent submit by the same caller used
+        first: (that job's record, True), nothing written; Conflict if that submit's body differed."""
         self.usable()
         ttl_ms = self.ttl_s * 1000
         record: dict = {
             "model": model, "version": version, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
             "created_ms": created_ms, "finished_ms": 0, "ttl_ms": ttl_ms, "state": "active",
-            "body_sha256": body_sha256, **({"webhook_url": webhook} if webhook else {})}
-        idem = self._idempotency(model, idempotency_key) if idempotency_key is not None else None
+            "body_sha256": body_sha256, "owner": caller.owner, "owner_label": caller.label,
+            **({"webhook_url": webhook} if webhook else {})}
+        idem = self._idempotency(model, idempotency_key, caller) if idempotency_key is not None else None
         job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     if idem:
                         pipe.watch(idem)  # a key set since by another submit fails the EXEC
-                        existing = self._replay(pipe, idem, body_sha256)
+                        existing = self._replay(pipe, idem, body_sha256, caller)
                         if existing is not None:
                             return existing, True
                     pipe.multi()
@@ -118,17 +126,22 @@ class JobStore:
                     continue  # the key changed between WATCH and EXEC: read it again
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
 
-    def replay(self, model: str, idempotency_key: str, body_sha256: str) -> jobs.Record | None:
-        """The live job this Idempotency-Key made for `model`, else None; Conflict when it was made
-        from another body."""
+    def replay(self, model: str, idempotency_key: str, body_sha256: str, caller: Caller) -> jobs.Record | None:
+        """The live job this caller's Idempotency-Key made for `model`, else None; Conflict when it
+        was made from another body."""
         self.usable()
-        return self._replay(self.client, self._idempotency(model, idempotency_key), body_sha256)
+        return self._replay(self.client, self._idempotency(model, idempotency_key, caller), body_sha256, caller)
 
-    def _idempotency(self, model: str, idempotency_key: str) -> str:
-        # Hashed: a client's key may be any text, a Redis key name stays short and plain.
-        return self.keys.idempotency(model, hashlib.sha256(idempotency_key.encode()).hexdigest()[:48])
+    def _idempotency(self, model: str, idempotency_key: str, caller: Caller) -> str:
+        # Hashed: a client's key may be any text, a Redis key name stays short and plain. Scoped to
+        # the caller's API key by its owner hash, behind a NUL no header can hold (so no client's
+        # key text can name another's); where the server has no API keys, the key's hash alone.
+        text = idempotency_key.encode()
+        if caller.owner:
+            text = b"owner\0" + caller.owner.encode() + b"\0" + text
+        return self.keys.idempotency(model, hashlib.sha256(text).hexdigest()[:48])
 
-    def _replay(self, conn: Any, idem: str, body_sha256: str) -> jobs.Record | None:
+    def _replay(self, conn: Any, idem: str, body_sha256: str, caller: Caller) -> jobs.Record | None:
         job_id = conn.get(idem)
         if job_id is None:
             return None
@@ -137,40 +150,48 @@ class JobStore:
         if not raw:
             return None  # its job expired: this key makes a new one
         record = jobs.Record.parse(job_id, raw)
+        if not hmac.compare_digest(record.owner.encode(), caller.owner.encode()):
+            return None  # the key is the caller's own (it holds the owner hash): never another's job
         if record.body_sha256 != body_sha256:
             raise Conflict("this Idempotency-Key was used with a different body")
         return record
 
     # -- read, cancel ------------------------------------------------------------
 
-    def load(self, job_id: str, offset: int = 0, limit: int = 0) -> tuple[jobs.Record, list[bytes | None]]:
+    def load(self, job_id: str, caller: Caller, offset: int = 0,
+             limit: int = 0) -> tuple[jobs.Record, list[bytes | None]]:
         """The job's record and the result payloads of items offset to offset + limit (fewer past
         its last item; None for one not answered yet), read together. NotFound (404) for a job
-        that never was, Gone (410) for one past its TTL."""
+        that never was, Gone (410) for one past its TTL; another caller's job (unless the caller is
+        an admin) is answered as one that never was, after the same reads and the same compare."""
         self.usable()
-        if not jobs.is_job_id(job_id):
+        if not jobs.is_job_id(job_id):  # the id's shape is public: nothing to hide, nothing read
             raise NotFound(f"no job {job_id!r}", code="unknown_job")
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(self.keys.job(job_id))
         if limit:
             pipe.hmget(self.keys.job_results(job_id), list(range(offset, offset + limit)))
         raw, *rest = pipe.execute()
-        if not raw:
-            if jobs.created_ms_of(job_id) + self.ttl_s * 1000 <= now_ms():
-                raise Gone(f"job {job_id} has expired: jobs are kept {self.ttl_s} s after their last progress")
-            raise NotFound(f"no job {job_id!r}", code="unknown_job")
-        record = jobs.Record.parse(job_id, raw)
+        record = jobs.Record.parse(job_id, raw)  # parsed and compared whether or not it exists
+        if not caller.may_see(record) or not raw:
+            raise self._missing(job_id)
         payloads = rest[0][:max(0, record.total - offset)] if rest else []
         return record, payloads
 
-    def cancel(self, job_id: str) -> jobs.Record:
-        """Cancel the job unless every item is answered (its webhook becomes due), and its record
-        after; NotFound or Gone as load()."""
-        self.usable()
-        if not jobs.is_job_id(job_id):
-            raise NotFound(f"no job {job_id!r}", code="unknown_job")
+    def _missing(self, job_id: str) -> FunnelError:
+        """What an id with no job the caller may see is answered, decided by the id alone: Gone
+        when its creation time is past the TTL, else NotFound."""
+        if jobs.created_ms_of(job_id) + self.ttl_s * 1000 <= now_ms():
+            return Gone(f"job {job_id} has expired: jobs are kept {self.ttl_s} s after their last progress")
+        return NotFound(f"no job {job_id!r}", code="unknown_job")
+
+    def cancel(self, job_id: str, caller: Caller) -> jobs.Record:
+        """Cancel the caller's job unless every item is answered (its webhook becomes due), and its
+        record after; NotFound or Gone as load(), for another caller's job too, which is left as
+        it was."""
+        self.load(job_id, caller)  # the caller's to cancel? (an owner never changes: no race)
         self._cancel(keys=[self.keys.job(job_id), self.keys.webhooks_due()], args=[now_ms(), job_id])
-        return self.load(job_id)[0]
+        return self.load(job_id, caller)[0]
 
     def result_pages(self, record: jobs.Record, offset: int = 0,
                      chunk: int = RESULTS_CHUNK) -> Iterator[list[bytes | None]]:

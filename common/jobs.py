@@ -18,6 +18,11 @@ The state is derived, never stored, except for `cancelled`:
     failed     every item answered and every one failed
     cancelled  DELETE /v1/jobs/<id> before it was done: items not yet taken never run
 
+A job records who submitted it: `owner`, a keyed hash of the API key (never
+the key; web/auth.py makes it), and `owner_label`, the name FUNNEL_API_KEYS
+gives that key (both "" where the server has no API keys). Only its owner, or
+an admin key, may read or cancel it (Caller, below; common/job_store.py checks).
+
 A job submitted with a webhook carries `webhook_url`; the step that makes it
 final (the last item stored, or the cancel) also makes its delivery due, in
 the same script (common/lua/store_results.lua, cancel.lua).
@@ -27,6 +32,7 @@ common/job_store.py creates, reads and cancels jobs for the web tier.
 
 from __future__ import annotations
 
+import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -42,7 +48,7 @@ FINAL_STATES = ("done", "failed", "cancelled")
 # Record fields, all strings in Redis; "state" is "active" until cancelled. The webhook_* fields
 # exist only for a job submitted with a webhook; worker/webhook.py writes all but the URL.
 FIELDS = ("model", "version", "total", "done", "failed", "duplicates", "created_ms", "finished_ms",
-          "ttl_ms", "state", "body_sha256", "webhook_url", "webhook_state", "webhook_attempts",
+          "ttl_ms", "state", "body_sha256", "owner", "owner_label", "webhook_url", "webhook_state", "webhook_attempts",
           "webhook_last_status", "webhook_last_error", "webhook_next_ms", "webhook_claim")
 
 _ID_TIME_DIGITS = 12  # a job id starts with its creation time, epoch ms in hex
@@ -65,6 +71,29 @@ def item_id(job_id: str, index: int) -> str:
     return f"{job_id}-{index}"
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who submits, reads or cancels a job: the API key's owner hash and label (web/auth.py), and
+    whether it is an admin key, which may read and cancel any job. Passed explicitly to every job
+    store call that touches a job: a door that reaches jobs has to say who is asking."""
+
+    owner: str   # the key's keyed hash (hex), never the key; "" where the server has no API keys
+    label: str   # the key's name in FUNNEL_API_KEYS, for metrics, logs and `funnel inspect`
+    admin: bool = False
+
+    @classmethod
+    def anyone(cls) -> Caller:
+        """The server has no API keys: nobody owns a job, everyone reads any job (as before keys)."""
+        return cls(owner="", label="", admin=True)
+
+    def may_see(self, record: Record) -> bool:
+        """Whether this caller may read and cancel the job: its owner (the hashes compared in
+        constant time) or an admin. The comparison is made whatever the answer, so the time
+        taken says nothing."""
+        same = hmac.compare_digest(self.owner.encode(), record.owner.encode())
+        return same or self.admin
+
+
 @dataclass
 class Record:
     id: str
@@ -85,6 +114,8 @@ class Record:
     webhook_last_error: str = ""
     webhook_next_ms: int = 0
     version: int = 1  # the model version its items run on, chosen at submit
+    owner: str = ""        # the submitting API key's keyed hash; never shown in a status or a webhook
+    owner_label: str = ""  # that key's label (FUNNEL_API_KEYS)
 
     @classmethod
     def parse(cls, job_id: str, raw: dict) -> Record:
@@ -102,7 +133,8 @@ class Record:
                    webhook_state=fields.get("webhook_state", ""), webhook_attempts=number("webhook_attempts"),
                    webhook_last_status=number("webhook_last_status"),
                    webhook_last_error=fields.get("webhook_last_error", ""),
-                   webhook_next_ms=number("webhook_next_ms"), version=number("version") or 1)
+                   webhook_next_ms=number("webhook_next_ms"), version=number("version") or 1,
+                   owner=fields.get("owner", ""), owner_label=fields.get("owner_label", ""))
 
     @property
     def state(self) -> str:
@@ -114,7 +146,8 @@ class Record:
 
     def status(self, webhook: bool = True) -> dict:
         """The job as GET /v1/jobs/<id> shows it (without a page of results), and as its webhook
-        delivers it (webhook=False: without the delivery's own state)."""
+        delivers it (webhook=False: without the delivery's own state). Never its owner: only
+        the owner (or an admin) is shown a status at all."""
         body: dict = {
             "id": self.id, "model": self.model, "model_version": self.version, "state": self.state,
             "progress": {"done": self.done, "total": self.total, "failed": self.failed},

@@ -108,7 +108,9 @@ class Keys:
         return ""
 
     def idempotency(self, model: str, digest: str) -> str:
-        """String: the job id an Idempotency-Key (its SHA-256, hex) created for a model, with the job's TTL."""
+        """String: the job id an Idempotency-Key created for a model, with the job's TTL; `digest` is
+        the SHA-256 (hex) of the key folded with the submitting API key's owner hash, so each API key's
+        Idempotency-Keys are its own (common/job_store.py). No tag: a job's keys are never on a cluster."""
         return f"{self.prefix}:idempotency:{check_name(model)}:{check_name(digest)}"
 
     def webhooks_due(self) -> str:

@@ -9,7 +9,9 @@ The summary opens with each model's versions: the live workers of each, its
 queue and bulk queue lengths, and its traffic weight (`funnel traffic`).
 
 Index -1 (the default) is the oldest job of a queue: jobs are LPUSHed on the
-left and taken from the right.
+left and taken from the right. An item of an async or bulk job (on a bulk
+queue) is shown with its job's owner: the label of the API key that submitted
+it (FUNNEL_API_KEYS; never the key, nor its hash).
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ def job_json(raw: bytes) -> dict:
         "deadline_in_s": round((job.deadline - now) / 1000, 3),
         "inputs": {name: {"dtype": t.dtype.name, "shape": list(t.shape)} for name, t in job.inputs.items()},
     }
+
+
+def with_owner(client: redis.Redis, keys: Keys, shown: dict) -> dict:
+    """A bulk item as job_json shows it, plus its job's owner label ("" where the server has no API
+    keys; null when the job has expired)."""
+    job_id = keys.job_of_results(shown.get("reply_to") or "")
+    if not job_id:
+        return shown
+    label = client.hget(keys.job(job_id), "owner_label")
+    return {**shown, "job": job_id, "job_owner": label.decode() if label is not None else None}
 
 
 def keys_of(client: redis.Redis, pattern: str) -> list[str]:
@@ -143,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             hint = f" (each version has its own queue: '{args.key}:1' is version 1's)"
         print(f"{args.key}[{args.index}]: no such job{hint}", file=sys.stderr)
         return 1
-    print(json.dumps(job_json(raw), indent=2))
+    print(json.dumps(with_owner(client, keys, job_json(raw)), indent=2))
     return 0
 
 

@@ -156,9 +156,11 @@ class Stack(processes.Service):
 
     def _auth(self) -> dict:
         """The management routes need a key when the web tier has API keys."""
+        from funnel.web.auth import split_entry  # `label=KEY` entries: the KEY is the token
+
         keys = self.web_env.get("FUNNEL_API_KEYS") or os.environ.get("FUNNEL_API_KEYS", "")
         first = keys.split(",")[0].strip()
-        return {"Authorization": f"Bearer {first}"} if first else {}
+        return {"Authorization": f"Bearer {split_entry(first)[1]}"} if first else {}
 
     def stop(self) -> None:
         if self.front_door:

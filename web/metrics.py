@@ -29,6 +29,9 @@ QUEUE_WAIT = Histogram("funnel_queue_wait_seconds", "time a job waited before it
                        ["model"], buckets=LATENCY_BUCKETS)
 UNCLAIMED = Counter("funnel_replies_unclaimed", "replies that reached this tier's inbox with nobody "
                     "waiting: their request had given up (deadline), or the job was answered twice")
+JOBS = Counter("funnel_jobs_submitted", "async and bulk jobs created (not replayed) by model and by the "
+               "submitting API key's label (FUNNEL_API_KEYS; empty where the server has no keys)",
+               ["model", "owner"])
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
                     ["model"], buckets=registry.BATCH_BUCKETS)
 
@@ -51,6 +54,11 @@ def replied(model: str, replies) -> None:
     for reply in replies:
         queue_wait.observe(reply.queue_ms / 1000)
         rode_in.observe(reply.batch_size)
+
+
+def job_submitted(model: str, owner_label: str) -> None:
+    """One job created: counted by model and owner label (never a key)."""
+    JOBS.labels(model, owner_label).inc()
 
 
 # labels() looks its child up under a lock each time: a few microseconds per request, saved.
@@ -121,7 +129,7 @@ def render(client: redis.Redis, keys: Keys, versions: dict[str, list[int]]) -> b
 
         multiprocess.MultiProcessCollector(collectors)
     else:  # one process (no gunicorn): its own counters are the whole story
-        for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN):
+        for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN, JOBS):
             collectors.register(metric)
     collectors.register(RedisCollector(client, keys, versions))
     return generate_latest(collectors)

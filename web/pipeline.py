@@ -18,6 +18,7 @@ the queue: its items are answered into the job's results, not awaited.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from funnel.web.queueing.versions import Versions
 from funnel.web.settings import WebSettings
 
 Rendered = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
+
+log = logging.getLogger("funnel.web.jobs")
 
 
 @dataclass
@@ -101,9 +104,10 @@ class Pipeline:
             return adapter.render_error(exc, request)
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
-                   body: bytes) -> tuple[jobs.Record, bool]:
-        """A bulk (or async) job of these items: its record, and whether an earlier submit with this
-        Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
+                   body: bytes, caller: jobs.Caller) -> tuple[jobs.Record, bool]:
+        """A bulk (or async) job of these items, owned by the caller (the request's API key, or
+        anyone where none are set): its record, and whether an earlier submit by the same caller
+        with this Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
 
         Resolved and prepared as a predict; then admitted by the bulk queue's room
         (FUNNEL_MAX_BULK_QUEUE, 503) instead of the predicted wait, and created in the job
@@ -114,7 +118,7 @@ class Pipeline:
         job_submit.check(idempotency_key, webhook, self.job_limits)
         body_sha = job_submit.fingerprint(body, webhook)
         if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
-            existing = self.jobs.replay(name, idempotency_key, body_sha)
+            existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
             if existing is not None:
                 return existing, True
         created = now_ms()
@@ -123,7 +127,13 @@ class Pipeline:
         version = task.spec.version
         payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version)
         self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
-        return self.jobs.create(job_id, name, created, payloads, body_sha, webhook, idempotency_key, version)
+        record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook, idempotency_key,
+                                            version, caller=caller)
+        if not replayed:
+            metrics.job_submitted(name, caller.label)
+            log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
+                     caller.label or "anyone")
+        return record, replayed
 
     # -- 1 resolve, 3 prepare: every route's, bulk jobs' too ----------------------------------
 

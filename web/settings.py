@@ -26,9 +26,11 @@ class WebSettings(SharedSettings):
     max_items: int = setting(64, "most items (texts, inputs) in one request")
     limits: list[str] = setting([], "task limits to override, name=value comma-separated, e.g. "
                                 "max_chars=2000,max_pixels=1000000 (GET /v1/models shows each model's)")
-    api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated (default: open)")
-    admin_keys: list[str] = setting([], "those of the API keys that may also change how models are served "
-                                    "(a model's traffic policy), comma-separated")
+    api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated, each `label=KEY` "
+                                  "or a bare KEY (default: open); each key is a tenant: its jobs are its own")
+    admin_keys: list[str] = setting([], "those of the API keys, by label or by key, that may also change how "
+                                    "models are served (a model's traffic policy) and read or cancel any job, "
+                                    "comma-separated")
     processes: int = setting(0, "gunicorn worker processes (0: one per two cores, at least two; one event "
                              "loop answers thousands of predicts a second, and a CPU-only host's worker needs "
                              "the other cores)")

@@ -50,7 +50,10 @@ def store(redis_client, keys) -> JobStore:
     return JobStore(redis_client, keys, TTL_S)
 
 
-def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, model=MODEL):
+ANYONE = jobs.Caller.anyone()  # a server with no API keys
+
+
+def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, model=MODEL, caller=ANYONE):
     """The web tier's submit_job (web/pipeline.py) as a route calls it, over this store: the raw body
     defaults to the texts themselves."""
     raw = body if body is not None else "\n".join(texts).encode()
@@ -58,7 +61,7 @@ def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, m
                            webhook_allow_hosts=limits.webhook_allow_hosts, job_ttl_s=store.ttl_s)
     pipeline = Pipeline(SERVED[0], store.client, store.keys, settings)
     pipeline.jobs = store
-    return pipeline.submit_job(model, texts, key, webhook, raw)
+    return pipeline.submit_job(model, texts, key, webhook, raw, caller)
 
 
 def reply_to(redis_client, keys, job_id: str, *indices: int, ok: bool = True) -> None:
@@ -74,7 +77,7 @@ def test_a_job_is_created_whole(store, task, redis_client, keys):
     record, replayed = make(store, task, texts, webhook=HOOK)
     assert not replayed and jobs.is_job_id(record.id)
     assert (record.model, record.total, record.state, record.webhook_url) == (MODEL, 3, "queued", HOOK)
-    loaded, payloads = store.load(record.id, 0, 10)
+    loaded, payloads = store.load(record.id, ANYONE, 0, 10)
     assert loaded == record and payloads == [None, None, None]
     queued = [decode_job(raw) for raw in redis_client.lrange(keys.bulk(MODEL), 0, -1)[::-1]]  # oldest first
     assert [j.id for j in queued] == [jobs.item_id(record.id, i) for i in range(3)]
@@ -104,8 +107,8 @@ def test_replayed_by_idempotency_key_with_the_same_body_refused_with_another(sto
         make(store, task, texts, key="order-17", webhook=HOOK)
     other, replayed = make(store, task, texts, key="order-18")
     assert not replayed and other.id != first.id
-    assert store.replay(MODEL, "order-17", first.body_sha256) == first
-    assert store.replay(MODEL, "never-used", first.body_sha256) is None
+    assert store.replay(MODEL, "order-17", first.body_sha256, ANYONE) == first
+    assert store.replay(MODEL, "never-used", first.body_sha256, ANYONE) is None
     redis_client.delete(keys.job(first.id))  # its job gone: the key makes a new one
     renewed, replayed = make(store, task, texts, key="order-17")
     assert not replayed and renewed.id not in (first.id, other.id)
@@ -137,8 +140,8 @@ class Raced(JobStore):
         super().__init__(client, keys, ttl_s)
         self.rival, self.rival_job, self.raced = rival, rival_job, False
 
-    def _replay(self, conn, idem, body_sha256):
-        found = super()._replay(conn, idem, body_sha256)
+    def _replay(self, conn, idem, body_sha256, caller):
+        found = super()._replay(conn, idem, body_sha256, caller)
         if found is None and not self.raced and conn is not self.client:  # inside create's WATCH
             self.raced = True
             self.rival.create(**self.rival_job)
@@ -151,9 +154,10 @@ def test_a_submit_that_loses_the_race_for_its_key_answers_the_winners_job(task, 
     payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [task.preprocess("the winner")])
     raced = Raced(redis_client, keys, TTL_S, rival, dict(
         job_id=winner_id, model=MODEL, created_ms=now_ms(), payloads=payloads, body_sha256="same",
-        idempotency_key="race"))
+        idempotency_key="race", caller=ANYONE))
     loser_id = jobs.new_job_id()
-    record, replayed = raced.create(loser_id, MODEL, now_ms(), [b"loser item"], "same", idempotency_key="race")
+    record, replayed = raced.create(loser_id, MODEL, now_ms(), [b"loser item"], "same", idempotency_key="race",
+                                    caller=ANYONE)
     assert raced.raced and replayed and record.id == winner_id
     assert not redis_client.exists(keys.job(loser_id))
     assert redis_client.lrange(keys.bulk(MODEL), 0, -1) == payloads  # the winner's item only
@@ -194,50 +198,50 @@ def test_concurrent_submits_with_one_key_make_one_job(task, redis_server, redis_
 def test_unknown_ids_are_404_and_expired_ones_410(store, task, redis_client, keys):
     for unknown in ("not-a-job", "f" * 32, jobs.new_job_id()):
         with pytest.raises(NotFound) as missing:
-            store.load(unknown)
+            store.load(unknown, ANYONE)
         assert missing.value.code == "unknown_job"
     for old in ("0" * 12 + "f" * 20, jobs.new_job_id(now_ms() - TTL_S * 1000 - 1000)):
         with pytest.raises(Gone) as gone:
-            store.load(old)
+            store.load(old, ANYONE)
         assert (gone.value.status, gone.value.code) == (410, "job_expired")
     with pytest.raises(Gone):
-        store.cancel("0" * 12 + "f" * 20)
+        store.cancel("0" * 12 + "f" * 20, ANYONE)
     with pytest.raises(NotFound):
-        store.cancel("f" * 32)
+        store.cancel("f" * 32, ANYONE)
 
 
 def test_a_job_past_its_ttl_is_gone(task, redis_client, keys):
     store = JobStore(redis_client, keys, ttl_s=1)
     record, _ = make(store, task, ["short lived"])
-    assert store.load(record.id)[0].state == "queued"
+    assert store.load(record.id, ANYONE)[0].state == "queued"
     deadline = time.monotonic() + 5
     while redis_client.exists(keys.job(record.id)) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(max(0.0, (record.created_ms + 1000 - now_ms()) / 1000))
     with pytest.raises(Gone):
-        store.load(record.id)
+        store.load(record.id, ANYONE)
 
 
 def test_cancel_stops_a_running_job_but_not_a_finished_one(store, task, redis_client, keys):
     record, _ = make(store, task, ["a", "b", "c"], webhook=HOOK)
     reply_to(redis_client, keys, record.id, 0)
-    cancelled = store.cancel(record.id)
+    cancelled = store.cancel(record.id, ANYONE)
     assert (cancelled.state, cancelled.done, cancelled.webhook_state) == ("cancelled", 1, "pending")
     assert redis_client.zscore(keys.webhooks_due(), record.id) is not None
-    assert store.load(record.id)[0].state == "cancelled"
+    assert store.load(record.id, ANYONE)[0].state == "cancelled"
     finished, _ = make(store, task, ["d"])
     reply_to(redis_client, keys, finished.id, 0)
-    assert store.cancel(finished.id).state == "done"  # every item answered: nothing to cancel
+    assert store.cancel(finished.id, ANYONE).state == "done"  # every item answered: nothing to cancel
 
 
 def test_pages_of_results_in_input_order(store, task, redis_client, keys):
     record, _ = make(store, task, [f"page {i}" for i in range(5)])
     reply_to(redis_client, keys, record.id, 0, 2, 4)
     reply_to(redis_client, keys, record.id, 3, ok=False)
-    loaded, payloads = store.load(record.id, 1, 10)
+    loaded, payloads = store.load(record.id, ANYONE, 1, 10)
     assert (loaded.done, loaded.failed, loaded.state) == (4, 1, "running")
     assert len(payloads) == 4 and payloads[0] is None and payloads[1] and payloads[3]  # items 1..4
-    assert store.load(record.id, 5, 10)[1] == [] and store.load(record.id, 0, 0)[1] == []
+    assert store.load(record.id, ANYONE, 5, 10)[1] == [] and store.load(record.id, ANYONE, 0, 0)[1] == []
     pages = list(store.result_pages(loaded, 0, chunk=2))
     assert [len(p) for p in pages] == [2, 2, 1]
     assert [p is not None for page in pages for p in page] == [True, False, True, True, True]
@@ -255,8 +259,80 @@ def test_the_bulk_queue_limit_refuses_a_submit_whole(store, task, redis_client, 
 
 def test_on_a_cluster_every_call_is_refused(task, redis_client):
     store = JobStore(redis_client, Keys("funnel", cluster=True), TTL_S)
-    for call in (store.usable, lambda: store.load("f" * 32), lambda: store.cancel("f" * 32),
+    for call in (store.usable, lambda: store.load("f" * 32, ANYONE),
+                 lambda: store.cancel("f" * 32, ANYONE),
                  lambda: make(store, task, ["x"])):
         with pytest.raises(OnCluster) as refused:
             call()
         assert (refused.value.status, refused.value.code) == (501, "unsupported_on_cluster")
+
+
+# -- ownership: a job is its submitter's (docs/jobs.md, "Ownership") -----------------------------
+
+ALICE = jobs.Caller(owner="a" * 64, label="alice")
+BOB = jobs.Caller(owner="b" * 64, label="bob")
+OPS = jobs.Caller(owner="c" * 64, label="ops", admin=True)
+
+
+def refusal(call) -> tuple[type, int, str, str]:
+    """What a call raised: its class, status, code and message."""
+    with pytest.raises((NotFound, Gone)) as refused:
+        call()
+    return type(refused.value), refused.value.status, refused.value.code, refused.value.message
+
+
+def test_a_job_records_its_owner_and_is_read_only_by_it_or_an_admin(store, task, redis_client, keys):
+    record, _ = make(store, task, ["mine", "all mine"], caller=ALICE)
+    raw = redis_client.hgetall(keys.job(record.id))
+    assert (raw[b"owner"], raw[b"owner_label"]) == (ALICE.owner.encode(), b"alice")
+    assert "owner" not in str(record.status()) and ALICE.owner not in str(record.status())
+    assert store.load(record.id, ALICE)[0] == record and store.load(record.id, OPS)[0] == record
+    never = jobs.new_job_id()
+    mine, theirs = refusal(lambda: store.load(record.id, BOB, 0, 10)), refusal(lambda: store.load(never, BOB, 0, 10))
+    assert mine == (NotFound, 404, "unknown_job", f"no job {record.id!r}")
+    assert mine[:3] == theirs[:3] and theirs[3] == f"no job {never!r}"  # the same answer, the id aside
+    assert refusal(lambda: store.cancel(record.id, BOB))[:3] == (NotFound, 404, "unknown_job")
+    assert redis_client.hget(keys.job(record.id), "state") == b"active"  # bob's cancel left it be
+    assert ANYONE.may_see(record)  # a server with no API keys: anyone, as before
+    assert store.cancel(record.id, OPS).state == "cancelled"
+
+
+def test_another_callers_job_past_its_creation_ttl_reads_as_a_missing_id_of_that_age(task, redis_client, keys):
+    """A job kept alive by progress past created + TTL: to another caller, exactly what a made-up id of
+    that age gets (410), never a 404 that would tell it exists."""
+    store = JobStore(redis_client, keys, ttl_s=1)
+    record, _ = make(store, task, ["old but alive"], caller=ALICE)
+    redis_client.pexpire(keys.job(record.id), 60_000)  # as an answered item pushes the TTL on
+    time.sleep(1.1)
+    assert store.load(record.id, ALICE)[0].id == record.id
+    made_up = jobs.new_job_id(record.created_ms)
+    assert refusal(lambda: store.load(record.id, BOB))[:3] == refusal(lambda: store.load(made_up, BOB))[:3] \
+        == (Gone, 410, "job_expired")
+
+
+def test_idempotency_keys_are_each_callers_own(store, task, redis_client, keys):
+    texts = ["scoped one", "scoped two"]
+    first, _ = make(store, task, texts, key="order-17", caller=ALICE)
+    bobs, replayed = make(store, task, texts, key="order-17", caller=BOB)  # alice's key, the same body
+    assert not replayed and bobs.id != first.id and bobs.owner == BOB.owner
+    other, replayed = make(store, task, texts[:1], key="order-18", caller=BOB)
+    admins, replayed = make(store, task, texts[:1], key="order-18", caller=OPS)  # another body: not a 422
+    assert not replayed and admins.id not in (first.id, bobs.id, other.id)
+    with pytest.raises(Conflict):  # alice's own key with another body
+        make(store, task, texts[:1], key="order-17", caller=ALICE)
+    with pytest.raises(Conflict):  # and bob's
+        make(store, task, texts[:1], key="order-17", caller=BOB)
+    assert make(store, task, texts, key="order-17", caller=ALICE) == (first, True)
+    assert make(store, task, texts, key="order-17", caller=BOB) == (bobs, True)
+    assert store.replay(MODEL, "order-17", bobs.body_sha256, BOB) == bobs
+    assert redis_client.llen(keys.bulk(MODEL)) == 2 + 2 + 1 + 1  # four jobs, each queued once
+    assert not any(b"order-1" in name for name in redis_client.keys("*"))  # hashed, never the key itself
+
+
+def test_without_api_keys_the_idempotency_key_is_named_as_before(store, keys):
+    """A server with no API keys keeps the Redis name it always gave a key (an upgrade replays as before)."""
+    import hashlib
+
+    assert store._idempotency(MODEL, "order-17", ANYONE) == keys.idempotency(
+        MODEL, hashlib.sha256(b"order-17").hexdigest()[:48])
+    assert store._idempotency(MODEL, "order-17", ALICE) != store._idempotency(MODEL, "order-17", BOB)

@@ -205,3 +205,20 @@ def test_python_client_submit_wait_results_cancel(stack):
         assert client.submit_job(TEXT, texts, idempotency_key="client-key")["id"] == again["id"]
         assert client.cancel(again["id"])["state"] in ("cancelled", "done")
         assert client.job_status(again["id"])["state"] in ("cancelled", "done")
+
+
+def test_without_api_keys_anyone_reads_and_cancels_any_job(stack):
+    """No FUNNEL_API_KEYS: nobody owns a job (tests/integration/test_job_ownership.py has the keyed
+    server); whatever Authorization a request carries is ignored, Idempotency-Keys are shared."""
+    texts = corpus(30, "open")
+    code, job, _ = submit(stack, texts, {"Authorization": "Bearer alice", "Idempotency-Key": "open-1"})
+    assert code == 202
+    again = submit(stack, texts, {"Authorization": "Bearer bob", "Idempotency-Key": "open-1"})
+    assert again[1]["id"] == job["id"] and again[2]["Idempotent-Replayed"] == "true"
+    assert submit(stack, texts[:2], {"Idempotency-Key": "open-1"})[0] == 422
+    assert finished(stack, job["id"])["state"] == "done"
+    for who in ({}, {"Authorization": "Bearer carol"}):
+        assert http("GET", f"{stack.url}/v1/jobs/{job['id']}?limit=1", headers=who)[0] == 200
+        assert http("DELETE", f"{stack.url}/v1/jobs/{job['id']}", headers=who)[0] == 200
+    client = redis.Redis.from_url(stack.redis_url)
+    assert client.hmget(f"funnel:job:{job['id']}", "owner", "owner_label") == [b"", b""]

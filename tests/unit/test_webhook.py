@@ -140,10 +140,10 @@ def test_the_last_stored_item_makes_the_webhook_due_once(redis_client, keys):
 def test_a_cancel_makes_the_webhook_due_once(redis_client, keys):
     job_store = JobStore(redis_client, keys, ttl_s=60)
     job_id = make_job(redis_client, keys, 5)
-    assert job_store.cancel(job_id).state == "cancelled"
+    assert job_store.cancel(job_id, jobs.Caller.anyone()).state == "cancelled"
     assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
     redis_client.zrem(keys.webhooks_due(), job_id)
-    job_store.cancel(job_id)  # again: already pending, not due a second time
+    job_store.cancel(job_id, jobs.Caller.anyone())  # again: already pending, not due a second time
     assert redis_client.zscore(keys.webhooks_due(), job_id) is None
     store(redis_client, keys, job_id, 0, 1, 2, 3, 4)  # its last items finish after the cancel: still once
     assert redis_client.zscore(keys.webhooks_due(), job_id) is None

@@ -14,6 +14,12 @@ true`; 422 if the body differs). A submit may name a webhook (the body's
 "webhook", or a `Webhook-URL` header), POSTed the job's status when it is
 final (worker/webhook.py).
 
+Where API keys are set, a job is its submitter's (docs/jobs.md, "Ownership"):
+each route finds the request's key once (web/auth.py's caller) and hands it to
+the pipeline or the job store, which answer another key's job as one that
+never existed (404 unknown_job), and keep each key's Idempotency-Keys apart;
+an admin key (FUNNEL_ADMIN_KEYS) reads and cancels any job.
+
 Each route parses the request, calls the pipeline's submit_job (web/pipeline.py)
 or the job store (common/job_store.py) and renders JSON; their errors are
 FunnelErrors, answered by web/errors.py.
@@ -32,6 +38,7 @@ from funnel.common.errors import BadInput, FunnelError
 from funnel.common.job_store import OnCluster
 from funnel.common.job_submit import WEBHOOK_HEADER
 from funnel.common.wire import WireError, decode_reply
+from funnel.web import auth
 from funnel.web.jsonio import OPTIONS
 from funnel.web.pipeline import Pipeline
 from funnel.web.protocols.inputs import read_images, read_items, read_json_items
@@ -101,20 +108,20 @@ class Routes:
 
     def _submitted(self, name: str, items: list[Any], webhook: str | None) -> Response:
         record, replayed = self.pipeline.submit_job(name, items, request.headers.get("Idempotency-Key"), webhook,
-                                                    request.get_data())
+                                                    request.get_data(), auth.caller(self.settings))
         return accepted(record, replayed)
 
     def status(self, job_id: str) -> Response:
         offset = int_arg("offset", 0, 0, None)
         limit = int_arg("limit", DEFAULT_PAGE, 0, MAX_PAGE)
-        record, payloads = self.store.load(job_id, offset, limit)
+        record, payloads = self.store.load(job_id, auth.caller(self.settings), offset, limit)
         return jsonify(describe(record, (offset, limit, payloads)))
 
     def results(self, job_id: str) -> Response:
         """Every result from offset on, one JSON value a line, in input order (null: not answered
         yet), read a chunk at a time: a 100,000-item job never sits in memory whole."""
         offset = int_arg("offset", 0, 0, None)
-        record, _ = self.store.load(job_id)
+        record, _ = self.store.load(job_id, auth.caller(self.settings))
 
         def lines() -> Iterator[bytes]:
             for payloads in self.store.result_pages(record, offset):
@@ -125,7 +132,7 @@ class Routes:
         return response
 
     def cancel(self, job_id: str) -> Response:
-        return jsonify(describe(self.store.cancel(job_id)))
+        return jsonify(describe(self.store.cancel(job_id, auth.caller(self.settings))))
 
 
 def accepted(record: jobs.Record, replayed: bool) -> Response:

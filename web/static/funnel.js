@@ -240,6 +240,10 @@ function setupText(panel) {
 }
 
 // -- bulk jobs (text models) -------------------------------------------------
+// The same routes as any client. The page holds no API key: where the server has keys, the submit
+// is answered 401 ("An API key is needed"), and a job is only ever reached with the key that
+// submitted it (docs/jobs.md, "Ownership"). Were a key ever added here, the download link, a plain
+// href that cannot carry a header, would have to become a fetch with the key.
 
 const FINAL_STATES = ["done", "failed", "cancelled"];
 const POLL_MS = 500;
