@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +226,36 @@ class WebhookReceiver:
         self.release()
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def running_worker(redis_server, store, model: str = "text-embedding", worker_id: str = "test-worker", **flags):
+    """A worker (serve() on a thread of this process) for `model` as --model takes it, NAME or NAME:N;
+    flags are its other options (batch_size=16 -> --batch-size 16)."""
+    from funnel.worker.main import serve
+    from funnel.worker.settings import WorkerSettings
+
+    argv = ["--model", model, "--model-store", str(store), "--redis-url", redis_server.url, "--worker-id", worker_id]
+    for name, value in flags.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(WorkerSettings.load(argv), stop), daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def flask_app(redis_server, model_store, prefix: str, *argv: str):
+    """The web tier's Flask app (the routes it answers) in this process, against this Redis."""
+    from funnel.web.app import catalog_of, create_app
+    from funnel.web.pipeline import Pipeline
+    from funnel.web.settings import WebSettings
+
+    settings = WebSettings.load(["--redis-url", redis_server.url, "--model-store", str(model_store),
+                                 "--prefix", prefix, *argv])
+    pipeline = Pipeline(catalog_of(settings), redis.Redis.from_url(redis_server.url), Keys(prefix), settings)
+    return create_app(settings, pipeline)

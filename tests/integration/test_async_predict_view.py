@@ -6,12 +6,9 @@ neither is never made a job (the front answers those itself: tests/integration/t
 from __future__ import annotations
 
 import pytest
-import redis
 
 from funnel.common.keys import Keys
-from funnel.web.app import catalog_of, create_app
-from funnel.web.pipeline import Pipeline
-from funnel.web.settings import WebSettings
+from tests.conftest import flask_app
 
 PREFIX = "async-view-test"
 TEXT = "/v1/models/text-embedding/predict"
@@ -19,18 +16,12 @@ TEXT = "/v1/models/text-embedding/predict"
 
 @pytest.fixture(scope="module")
 def app(redis_server, model_store):
-    settings = WebSettings.load(["--redis-url", redis_server.url, "--model-store", str(model_store),
-                                 "--models", "text-embedding", "--prefix", PREFIX])
-    pipeline = Pipeline(catalog_of(settings), redis.Redis.from_url(redis_server.url), Keys(PREFIX), settings)
-    return create_app(settings, pipeline)
+    return flask_app(redis_server, model_store, PREFIX, "--models", "text-embedding")
 
 
 @pytest.fixture()
-def client(redis_server):
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
-    yield client
-    client.close()
+def client(redis_client):
+    return redis_client
 
 
 def test_flask_routes_a_predict_to_the_async_view(app):

@@ -1,6 +1,5 @@
 """The worker loop against a real redis-server: batch sizes, linger, reply keys, per-item errors."""
 
-import threading
 import time
 import uuid
 from collections import Counter
@@ -12,9 +11,8 @@ import pytest
 from funnel.common import tasks, wire
 from funnel.common.store import load_spec
 from funnel.common.wire import Job
-from funnel.worker.main import serve
-from funnel.worker.settings import WorkerSettings
 from tests import toy_model
+from tests.conftest import running_worker
 
 MODEL = "text-embedding"
 PACED = "paced-score"  # tests/third_party/toyscore's PacedScore: every batch takes PACE_S, whatever its size
@@ -34,23 +32,6 @@ def paced_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(toy_model.PACKAGE_DIR))
         yield store
-
-
-@contextmanager
-def running_worker(redis_server, model_store, model=MODEL, **flags):
-    argv = ["--model", model, "--model-store", str(model_store), "--redis-url", redis_server.url,
-            "--worker-id", "test-worker"]
-    for name, value in flags.items():
-        argv += ["--" + name.replace("_", "-"), str(value)]
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(WorkerSettings.load(argv), stop), daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def text_job(spec, text, keys, deadline_s=30.0, **inputs) -> Job:

@@ -23,7 +23,7 @@ from funnel.common.keys import Keys
 from funnel.scripts.stack import Stack
 from funnel.web import auth
 from funnel_client import Client, NotFound, Unauthorized
-from tests.conftest import WebhookReceiver, http, metric
+from tests.conftest import WebhookReceiver, flask_app, http, metric
 from tests.faults.conftest import wait_for
 from tests.integration.test_client import run_script
 
@@ -221,23 +221,13 @@ PREFIX = "ownership-test"
 
 @pytest.fixture(scope="module")
 def app(redis_server, model_store):
-    from funnel.web.app import catalog_of, create_app
-    from funnel.web.pipeline import Pipeline
-    from funnel.web.settings import WebSettings
-
-    settings = WebSettings.load(["--redis-url", redis_server.url, "--model-store", str(model_store),
-                                 "--models", TEXT, "--prefix", PREFIX, "--api-keys", API_KEYS,
-                                 "--admin-keys", "ops"])
-    pipeline = Pipeline(catalog_of(settings), redis.Redis.from_url(redis_server.url), Keys(PREFIX), settings)
-    return create_app(settings, pipeline)
+    return flask_app(redis_server, model_store, PREFIX, "--models", TEXT, "--api-keys", API_KEYS,
+                     "--admin-keys", "ops")
 
 
 @pytest.fixture()
-def client(redis_server):
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
-    yield client
-    client.close()
+def client(redis_client):
+    return redis_client
 
 
 def commands(client, call):

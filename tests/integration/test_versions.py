@@ -9,10 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import msgpack
@@ -22,9 +21,9 @@ import pytest
 from funnel.common import registry, tasks, traffic, wire
 from funnel.common.store import list_versions, load_spec
 from funnel.common.wire import Job
-from funnel.worker.main import serve
 from funnel.worker.settings import WorkerSettings, model_and_version
-from tests import toy_model
+from tests import conftest, toy_model
+from tests.faults.conftest import wait_for
 
 MODEL = "text-embedding"
 FUNNEL = str(Path(sys.executable).parent / "funnel")
@@ -46,22 +45,9 @@ def task(versioned_store):
     return tasks.load(load_spec(versioned_store, MODEL, 1))
 
 
-@contextmanager
 def running_worker(redis_server, store, model: str, worker_id: str, **flags):
-    """A worker (serve() on a thread), for `model` as --model takes it: NAME or NAME:N."""
-    argv = ["--model", model, "--model-store", str(store), "--redis-url", redis_server.url,
-            "--worker-id", worker_id, "--intra-op-threads", "1"]
-    for name, value in flags.items():
-        argv += ["--" + name.replace("_", "-"), str(value)]
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(WorkerSettings.load(argv), stop), daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
+    """A worker on a thread, for `model` as --model takes it: NAME or NAME:N; one ONNX thread."""
+    return conftest.running_worker(redis_server, store, model, worker_id, intra_op_threads=1, **flags)
 
 
 def text_job(task, keys, text: str, version: int) -> Job:
@@ -81,18 +67,6 @@ def await_reply(client, job: Job, timeout: float = 60) -> wire.Reply:
     assert reply.id == job.id
     return reply
 
-
-def wait_for(condition, timeout_s: float = 60, what: str = "condition", check=None):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if check is not None:
-            check()
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def live_versions(client, keys) -> dict[str, int]:
