@@ -29,9 +29,10 @@ class CostModel:
         self.sxx, self.sxy = d * self.sxx + n * n, d * self.sxy + n * seconds
 
     def fit(self) -> tuple[float, float]:
-        """(a, b); b is 0 until batches of at least two sizes have been seen."""
+        """(a, b); b is 0 until batches of at least two sizes have been seen (a line needs two points:
+        with one size, or one batch, the determinant is zero)."""
         det = self.sw * self.sxx - self.sx * self.sx
-        if self.sw < 2 or det <= 1e-9 * max(1.0, self.sw * self.sxx):
+        if det <= 1e-9 * max(1.0, self.sw * self.sxx):
             mean_n = self.sx / self.sw if self.sw else 1.0
             return (self.sy / self.sw / mean_n if self.sw else 0.0), 0.0
         a = (self.sw * self.sxy - self.sx * self.sy) / det

@@ -14,6 +14,17 @@ def test_cost_model_recovers_a_line():
     assert a == pytest.approx(0.002, rel=1e-3) and b == pytest.approx(0.010, rel=1e-3)
 
 
+def test_cost_model_fits_a_line_from_its_first_two_batches():
+    """Two batches of different sizes are two points of the line: the weights' decay (their sum is
+    1.98 after two) must not hold the fit back a third batch."""
+    model = CostModel()
+    model.add(1, 0.012)
+    assert model.fit()[1] == 0.0
+    model.add(16, 0.042)
+    a, b = model.fit()
+    assert a == pytest.approx(0.002, rel=1e-3) and b == pytest.approx(0.010, rel=1e-3)
+
+
 def test_cost_model_with_one_size_has_no_fixed_cost():
     model = CostModel()
     model.add(1, 0.004)
