@@ -144,15 +144,6 @@ def batch_histogram(worker: Mapping[str, str]) -> list[tuple[int, int]]:
     return out
 
 
-def queue_lengths(client: redis.Redis, keys: Keys, models: list[str],
-                  versions: Mapping[str, Iterable[int]] | None = None) -> dict[str, int]:
-    """Jobs waiting in each model's interactive queues, all its versions together (`versions`:
-    model -> its versions; a model not in it, or no mapping: version 1 alone), in one round trip."""
-    versions = versions or {}
-    by_version = version_queue_lengths(client, keys, {m: versions.get(m, (1,)) for m in models})
-    return {model: sum(by_version[model].values()) for model in models}
-
-
 def version_queue_lengths(client: redis.Redis, keys: Keys, versions: Mapping[str, Iterable[int]],
                           bulk: bool = False) -> dict[str, dict[int, int]]:
     """Jobs waiting in each version's interactive queue (bulk: its bulk queue), model -> version

@@ -54,10 +54,7 @@ def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
     versions = pipeline.catalog.versions(name)
     task = versions[max(versions)]
     weights = traffic.read(pipeline.client, pipeline.keys, name)
-    with pipeline.client.pipeline(transaction=False) as pipe:
-        for version in versions:
-            pipe.llen(pipeline.keys.queue(name, version))
-        lengths = dict(zip(versions, pipe.execute()))
+    lengths = registry.version_queue_lengths(pipeline.client, pipeline.keys, {name: versions})[name]
     mine = [w for w in workers if w.get("model") == name]
     return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
             "queue": sum(lengths.values()), "workers": mine,

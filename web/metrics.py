@@ -81,13 +81,9 @@ class RedisCollector:
         self.client, self.keys, self.versions = client, keys, versions
 
     def collect(self):
-        pairs = [(model, version) for model, versions in self.versions.items() for version in versions]
         try:
             workers = registry.live_workers(self.client, self.keys)
-            with self.client.pipeline(transaction=False) as pipe:
-                for model, version in pairs:
-                    pipe.llen(self.keys.queue(model, version))
-                lengths = pipe.execute()
+            lengths = registry.version_queue_lengths(self.client, self.keys, self.versions)
             weights = {model: traffic.read(self.client, self.keys, model) for model in self.versions}
         except redis.RedisError:
             return
@@ -96,13 +92,14 @@ class RedisCollector:
         live = GaugeMetricFamily("funnel_workers_live", "workers with a live heartbeat", labels=["model", "version"])
         share = GaugeMetricFamily("funnel_traffic_weight", "each version's weight in its model's traffic policy "
                                   "(absent: no policy)", labels=["model", "version"])
-        for (model, version), length in zip(pairs, lengths):
-            labels = [model, str(version)]
-            queue.add_metric(labels, length)
-            live.add_metric(labels, sum(w.get("model") == model and registry.version_of(w) == version
-                                        for w in workers))
-            if version in weights[model]:
-                share.add_metric(labels, weights[model][version])
+        for model, by_version in lengths.items():
+            for version, length in by_version.items():
+                labels = [model, str(version)]
+                queue.add_metric(labels, length)
+                live.add_metric(labels, sum(w.get("model") == model and registry.version_of(w) == version
+                                            for w in workers))
+                if version in weights[model]:
+                    share.add_metric(labels, weights[model][version])
         yield queue
         yield live
         yield share

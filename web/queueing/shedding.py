@@ -157,6 +157,7 @@ class WorkerView:
         self._served_at: dict[tuple[str, int], float] = {}
         # (model, version) -> (the view it was computed from, its capacity)
         self._computed: dict[tuple[str, int], tuple[list, Capacity]] = {}
+        self._live: dict[str, tuple[list, set[int]]] = {}  # model -> (the view, its live versions)
 
     def recently_served(self, model: str, version: int = 1) -> bool:
         """Whether a live worker of the model version was seen within NO_WORKER_GRACE_S."""
@@ -169,8 +170,12 @@ class WorkerView:
         return found
 
     def live_versions(self, model: str) -> set[int]:
-        """The versions of a model with a live worker, in the current view."""
-        return registry.versions_live(self._view(bool(self._workers)), model)
+        """The versions of a model with a live worker, in the current view (computed once per view)."""
+        view = self._view(bool(self._workers))
+        computed = self._live.get(model)
+        if computed is None or computed[0] is not view:
+            computed = self._live[model] = (view, registry.versions_live(view, model))
+        return computed[1]
 
     def _capacity(self, model: str, version: int) -> Capacity:
         if self._workers is not None:
