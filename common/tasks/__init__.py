@@ -1,9 +1,9 @@
 """Finding a model's Task: by the name model.json gives, or by import path.
 
 model.json's "task" is either the name of a registered task (the entry point
-group "funnel.tasks": Funnel registers image_classification and
-text_embedding in its pyproject.toml, and any installed distribution may add
-its own) or an import path "package.module:Class" to a Task subclass of your
+group "funnel.tasks": Funnel registers image_classification,
+text_embedding and text_recognition in its pyproject.toml, and any installed
+distribution may add its own) or an import path "package.module:Class" to a Task subclass of your
 own, importable where the web tier and the workers run. Adding a model needs
 no edit here, nor anywhere in web/, worker/ or common/.
 """
