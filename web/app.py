@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from funnel.common import registry, traffic
 from funnel.common.errors import BadInput
 from funnel.common.registry import live_workers
-from funnel.web import auth, errors, openapi
+from funnel.web import auth, dashboard, errors, openapi
 from funnel.web import metrics as web_metrics
 from funnel.web.catalog import Catalog
 from funnel.web.jsonio import OrjsonProvider
@@ -82,6 +82,7 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
 
     install_operations(app, pipeline)
     install_traffic(app, pipeline, settings)
+    app.register_blueprint(dashboard.create_blueprint(pipeline, settings))
     return app
 
 

@@ -25,8 +25,10 @@ from funnel.common.errors import FunnelError
 from funnel.common.jobs import Caller
 from funnel.web.settings import WebSettings
 
-# Probes (ours and the /v2 protocol's), the page and the API document stay open.
-OPEN_ENDPOINTS = ("healthz", "readyz", "index", "static", "openapi.document", "v2.live", "v2.ready")
+# Probes (ours and the /v2 protocol's), the pages and the API document stay open: the pages hold
+# no data, what they show comes from routes that ask for a key.
+OPEN_ENDPOINTS = ("healthz", "readyz", "index", "dashboard.page", "static", "openapi.document", "v2.live",
+                  "v2.ready")
 
 # The owner hash is HMAC-SHA256 of the key under this fixed context: what a job records, never the key.
 OWNER_CONTEXT = b"funnel job owner v1"

@@ -120,6 +120,29 @@ class RedisCollector:
 
 
 def render(client: redis.Redis, keys: Keys, versions: dict[str, list[int]]) -> bytes:
+    collectors = _request_collectors()
+    collectors.register(RedisCollector(client, keys, versions))
+    return generate_latest(collectors)
+
+
+def request_totals() -> dict[str, dict[str, dict[str, float]]]:
+    """Running totals of this host's predict requests, per model: "status" (answers by HTTP status) and
+    "latency" (the latency histogram's cumulative buckets, by upper bound in seconds). Totals, not
+    rates: whoever reads them twice (the dashboard) has rates and quantiles over the time between."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for family in _request_collectors().collect():
+        for sample in family.samples:
+            model = sample.labels.get("model", "")
+            if sample.name == "funnel_requests_total":
+                totals = out.setdefault(model, {"status": {}, "latency": {}})["status"]
+                totals[sample.labels["status"]] = totals.get(sample.labels["status"], 0) + sample.value
+            elif sample.name == "funnel_request_seconds_bucket":
+                out.setdefault(model, {"status": {}, "latency": {}})["latency"][sample.labels["le"]] = sample.value
+    return out
+
+
+def _request_collectors() -> CollectorRegistry:
+    """The request figures of every gunicorn process of this host (or of this one process)."""
     collectors = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
@@ -128,5 +151,4 @@ def render(client: redis.Redis, keys: Keys, versions: dict[str, list[int]]) -> b
     else:  # one process (no gunicorn): its own counters are the whole story
         for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN, JOBS):
             collectors.register(metric)
-    collectors.register(RedisCollector(client, keys, versions))
-    return generate_latest(collectors)
+    return collectors
