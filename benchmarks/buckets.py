@@ -4,7 +4,7 @@ task's `buckets()`, or one text at a time.
     python -m benchmarks.buckets [--rounds 5] [--batch 32] [--run-costs 16,64,256] [--threads 1]
 
 Run from the repository root. In process, as the worker runs a batch
-(`worker.batch._infer`: buckets, then collate, run and postprocess per run), on
+(`worker.batch`'s collate, run and finish: buckets, then collate, run and postprocess per run), on
 the text-embedding model of `model_store` (ONNX on the CPU, one intra-op thread
 and no spinning by default, as `funnel up --workers-per-model N` runs it, so that
 the CPU time of this process is the batch's cost whatever else the machine runs).
@@ -41,7 +41,7 @@ from funnel.common.tasks import text_embedding
 from funnel.common.tasks.buckets import group_by_width
 from funnel.common.wire import Job
 from funnel.worker import backend as backends
-from funnel.worker.batch import _infer
+from funnel.worker import batch as batching
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog while a man is eating a piece of bread and the girl "
            "is carrying a baby across the sunny park where children play football and old friends talk "
@@ -104,7 +104,10 @@ def timed(jobs: list[Job], task, backend, grouping: Grouping) -> tuple[float, fl
     groups = grouping(widths)
     task.buckets = lambda items: groups  # the worker asks the task; the grouping is computed outside the clock
     cpu, wall = time.process_time(), time.perf_counter()
-    _infer(jobs, task, backend)
+    batch = batching.Batch(jobs=jobs)
+    batching.collate(batch, task, "bench")
+    batching.run(batch, task, backend)
+    batching.finish(batch, task, "bench")
     return (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000, len(groups)
 
 

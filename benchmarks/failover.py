@@ -14,7 +14,7 @@ every request's status and time (none may go unanswered past its timeout), the
 failover as the Sentinels saw it, the time from the kill to the first success
 and to the end of the last failure, answers checked against in-process
 inference, and from the job ledger the web and worker keep
-(benchmarks/failover_ledger) the jobs Redis acknowledged that nobody answered
+(benchmarks/failover_ledger, read by benchmarks/ledger.py) the jobs Redis acknowledged that nobody answered
 (lost with the asynchronous replication) and the jobs answered twice. The
 table goes to benchmarks/results/failover-<date>.md with the machine;
 tests/faults/test_sentinel_failover.py runs one round and asserts on it.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import ROOT, save
+from benchmarks import ledger, save
 from benchmarks.machine import cpu_model, loadavg, version
 from funnel.common.connection import connect, scan_keys
 from funnel.common.keys import Keys
@@ -49,7 +49,7 @@ from funnel_client import Client, FunnelHTTPError
 from tests.conftest import http, metric
 
 MODEL = "text-embedding"
-LEDGER_PATH = ROOT / "benchmarks" / "failover_ledger"
+LEDGER_PATH = ledger.LEDGER_PATH
 REQUEST_TIMEOUT_S = 10  # FUNNEL_REQUEST_TIMEOUT_S: a request waits at most this for its reply
 CLIENT_MARGIN_S = 5     # a client gives up this long after the web's deadline: no answer = hung
 
@@ -165,15 +165,8 @@ def _load(url: str, client: int, until: Callable[[], bool], out: list[Request], 
 
 
 def _ledger(folder: Path) -> tuple[set[str], collections.Counter]:
-    queued: set[str] = set()
-    answered: collections.Counter = collections.Counter()
-    for path in folder.iterdir():
-        ids = path.read_text().split()
-        if path.name.startswith("queued-"):
-            queued.update(ids)
-        elif path.name.startswith("answered-"):
-            answered.update(ids)
-    return queued, answered
+    read = ledger.read(folder)
+    return set(read.queued), read.answered
 
 
 def _unclaimed(url: str) -> int:
@@ -184,19 +177,18 @@ def run(model_store: str | Path, log_dir: Path, clients: int = 8, before: int = 
         sentinels: LocalSentinels | None = None, down_after_ms: int = 1000, patient: int = 2) -> Round:
     """One round: a stack on a Sentinel deployment (`sentinels`, started; else a fresh one whose
     Sentinels take a primary silent for down_after_ms as down), load, the kill, the figures."""
-    ledger = Path(tempfile.mkdtemp(prefix="funnel-ledger-"))
+    folder = Path(tempfile.mkdtemp(prefix="funnel-ledger-"))
     try:
         fresh = contextlib.nullcontext(sentinels) if sentinels else LocalSentinels(down_after_ms=down_after_ms)
         with fresh as deployment:
-            return _run(deployment, model_store, log_dir, clients, before, after_s, ledger, patient)
+            return _run(deployment, model_store, log_dir, clients, before, after_s, folder, patient)
     finally:
-        shutil.rmtree(ledger, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(sentinels: LocalSentinels, model_store: str | Path, log_dir: Path, clients: int, before: int,
-         after_s: float, ledger: Path, patient: int) -> Round:
-    path = os.pathsep.join(p for p in (str(LEDGER_PATH), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path, "FAILOVER_LEDGER": str(ledger)}
+         after_s: float, folder: Path, patient: int) -> Round:
+    env = ledger.environment(folder)
     web_env = {**env, "FUNNEL_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
     with Stack(redis_url=sentinels.url, model_store=model_store, models=[MODEL], log_dir=log_dir,
                web_env=web_env, worker_env=env) as stack:
@@ -234,7 +226,7 @@ def _run(sentinels: LocalSentinels, model_store: str | Path, log_dir: Path, clie
         wait_until(lambda: client.llen(keys.queue(MODEL)) == 0
                    and not list(scan_keys(client, keys.pattern("inflight"))), 30, "the queue to drain")
         client.close()
-        queued, answered = _ledger(ledger)
+        queued, answered = _ledger(folder)
         unclaimed = _unclaimed(stack.url)
     return Round(requests, killed_at, failed_over_at, queued, answered, unclaimed, patient_requests,
                  notes={"clients": clients, "before": before, "after_s": after_s})

@@ -7,14 +7,22 @@ Each variant is a stack (private Redis, the web tier, one text-embedding
 worker) started with its own FUNNEL_* settings (both tiers get them: each takes
 what it declares, so a variant can change the worker too; WORKERS=N starts N
 workers for the model instead of one; ROUTE=v2 sends the same sentence to
-/v2/models/text-embedding/infer instead of /v1's predict; PYTHONPATH=<a
+/v2/models/text-embedding/infer instead of /v1's predict, ROUTE=openai to
+/v1/embeddings (base64, as OpenAI's client asks), ROUTE=grpc to the gRPC
+service's ModelInfer in raw_input_contents (funnel-grpc, loaded by
+benchmarks/grpc_load.py instead of wrk; its CPU is then the "web" column);
+ITEMS=N sends N copies of the sentence in each request; PYTHONPATH=<a
 checkout's link tree> runs another version of Funnel), or, named `bare...`,
 the floor: an ASGI app that parses the JSON and answers a constant under the
 same gunicorn settings (benchmarks/peers/bare_asgi.py); every round starts each
 variant in turn (the order rotating), warms it, runs wrk with one sentence
 per POST at each number of clients, and reads the CPU seconds of the web processes (gunicorn master and
-workers), the worker and Redis from /proc over the run. Prints medians over
-rounds and saves the table under benchmarks/results/ with the machine.
+workers, or funnel-grpc), the worker and Redis from /proc over the run. Throughput and CPU are per item
+(a sentence: one per request but with ITEMS). Prints medians over rounds and saves the table under
+benchmarks/results/ with the machine.
+
+    python -m benchmarks.web_cpu --variant v1= --variant v2=ROUTE=v2 --variant openai=ROUTE=openai \
+        --variant grpc=ROUTE=grpc     # the four doors to the same model, in one run
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import shutil
 import statistics
 import subprocess
@@ -30,7 +39,7 @@ import time
 from types import SimpleNamespace
 
 from benchmarks import ROOT, save
-from benchmarks.core import BODY, V2_BODY, in_process_ceiling, machine, wrk
+from benchmarks.core import BODY, SENTENCE, V2_BODY, in_process_ceiling, machine, wrk
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.systems import gunicorn
 from funnel.common import settings as loader
@@ -41,6 +50,15 @@ from tests.conftest import http
 
 MODEL = "text-embedding"
 DEFAULT_VARIANTS = ["defaults="]
+# Each HTTP route's path, and its body for n copies of the same sentence, in each protocol's request.
+ROUTES = {
+    "v1": (f"/v1/models/{MODEL}/predict", lambda n: BODY if n == 1 else json.dumps({"texts": [SENTENCE] * n})),
+    "v2": (f"/v2/models/{MODEL}/infer", lambda n: V2_BODY if n == 1 else json.dumps(
+        {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [n], "data": [SENTENCE] * n}]})),
+    "openai": ("/v1/embeddings", lambda n: json.dumps({"model": MODEL, "input": SENTENCE if n == 1 else [SENTENCE] * n,
+                                                       "encoding_format": "base64"})),
+}
+BENCH_ONLY = ("ROUTE", "WORKERS", "ITEMS")  # the variant's own options, not settings
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -83,27 +101,45 @@ def start(name: str, env: dict[str, str]):
     if name.startswith("bare"):
         return bare(env)
     # Each process takes the settings it declares and ignores the rest: one variant can set both tiers.
-    env = {k: v for k, v in env.items() if k != "ROUTE"}
-    workers = int(env.pop("WORKERS", 1))
-    return Stack(models=[MODEL], web_env=env, worker_env=env, workers=[MODEL] * workers,
-                 log_dir=ROOT / "benchmarks" / "results" / "tmp")
+    settings = {k: v for k, v in env.items() if k not in BENCH_ONLY}
+    return Stack(models=[MODEL], web_env=settings, worker_env=settings, workers=[MODEL] * int(env.get("WORKERS", 1)),
+                 log_dir=ROOT / "benchmarks" / "results" / "tmp",
+                 grpc_port=free_port() if env.get("ROUTE") == "grpc" else None)
+
+
+def grpc_load(port: int, clients: int, duration_s: int, items: int) -> dict:
+    """benchmarks/grpc_load.py in a process of its own, as wrk is: its rps, errors, p50 and p99."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.grpc_load", f"127.0.0.1:{port}", "--concurrency",
+                          str(clients), "--duration", str(duration_s), "--items", str(items)], cwd=ROOT,
+                         capture_output=True, text=True, check=True, timeout=duration_s + 60).stdout
+    return json.loads(out.splitlines()[-1])
 
 
 def measure(name: str, env: dict[str, str], clients: list[int], duration_s: int) -> list[dict]:
     runs = []
-    v2 = env.get("ROUTE") == "v2"
-    body = V2_BODY if v2 else BODY
+    route, items = env.get("ROUTE", "v1"), int(env.get("ITEMS", 1))
     with start(name, env) as stack:
-        url = f"{stack.url}/v2/models/{MODEL}/infer" if v2 else f"{stack.url}/v1/models/{MODEL}/predict"
-        wait_for_answer(url, body)
-        wrk(url, clients[0], 3, body)  # warm-up
-        groups = {"worker": [p.pid for p in stack.workers], "web": [stack.web.pid],
+        if route == "grpc":
+            def drive(c: int, seconds: int) -> dict:
+                return grpc_load(stack.grpc_port, c, seconds, items)
+            front = stack.grpc
+        else:
+            path, body_of = ROUTES[route]
+            body = body_of(items)
+            wait_for_answer(stack.url + path, body)
+
+            def drive(c: int, seconds: int) -> dict:
+                return wrk(stack.url + path, c, seconds, body)
+            front = stack.web
+        drive(clients[0], 3)  # warm-up
+        groups = {"worker": [p.pid for p in stack.workers], "web": [front.pid],
                   "redis": [stack.redis.process.pid] if stack.redis else []}
         for c in clients:
             before, busy = cpu_ticks(groups), machine_busy_s()
-            result = wrk(url, c, duration_s, body)
+            result = drive(c, duration_s)
             spent = cpu_seconds(before, cpu_ticks(groups))
             busy = machine_busy_s() - busy
+            result["rps"] *= items  # items, not calls
             requests = result["rps"] * duration_s
             assert result["errors"] == 0, result
             runs.append({"variant": name, "clients": c, "rps": result["rps"], "p50": result["p50"],
@@ -135,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"web {run['web_ms']:.3f} ms/req, worker {run['worker_ms']:.2f}, "
                       f"other {run['other_cores']:.2f} cores", flush=True)
     ceiling = in_process_ceiling(32)
-    table = ["| variant | web settings | clients | req/s [min–max] | vs ceiling | p50 ms | p99 ms | CPU ms/req "
-             "web [min–max] | worker | redis | wrk + other (cores) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table = ["| variant | web settings | clients | items/s [min–max] | vs ceiling | p50 ms | p99 ms | CPU ms/item "
+             "web [min–max] | worker | redis | load + other (cores) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in clients:
         for name, env in variants:
             got = runs[name, c]
@@ -153,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now()
     report = (f"# Web tier CPU per request, {stamp:%Y-%m-%d %H:%M}\n\nMachine: {machine()}\n\n"
               f"Command: `python -m benchmarks.web_cpu {' '.join(argv or sys.argv[1:])}` ({MODEL}, wrk -t1 "
-              f"-d{args.duration}s, one sentence per POST; medians over {args.rounds} interleaved rounds, "
+              f"-d{args.duration}s, one sentence per POST, or benchmarks/grpc_load.py for ROUTE=grpc; "
+              f"medians over {args.rounds} interleaved rounds, "
               f"the variants' order rotating and the clients' sweep reversed every other round; in-process "
               f"ONNX ceiling at batch 32: {ceiling:.0f} items/s)\n\n"
               + "\n".join(table) + "\n")

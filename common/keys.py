@@ -118,6 +118,21 @@ class Keys:
         a lease ahead, so a deliverer that dies hands it back (worker/webhook.py)."""
         return f"{self.prefix}:webhooks"
 
+    def limit(self, model: str, owner: str) -> str:
+        """Hash: an API key's token bucket on a model (tokens, ms), while the key is limited by rate
+        (web/queueing/limits.py; `owner` is the key's keyed hash, never the key)."""
+        return f"{self.prefix}:limit:{tag(model)}:{check_name(owner)}"
+
+    def running(self, model: str, owner: str) -> str:
+        """Sorted set: an API key's requests under way on a model, token -> deadline (ms), while the
+        key has a cap on them."""
+        return f"{self.prefix}:running:{tag(model)}:{check_name(owner)}"
+
+    def gone(self, model: str) -> str:
+        """Sorted set: ids of a model's interactive jobs whose client left before its answer, each
+        scored by its job's deadline (ms); a worker that takes one drops it unrun (common/lua/leave.lua)."""
+        return f"{self.prefix}:gone:{tag(model)}"
+
     def inflight(self, model: str, worker_id: str) -> str:
         """Jobs one worker of `model` holds between taking and answering them."""
         return f"{self.prefix}:inflight:{tag(model)}:{check_name(worker_id)}"
@@ -151,7 +166,7 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "bulk", "reply", "inflight", "recovering", "worker", "dead", "job",
-                        "idempotency", "traffic"):
+                        "idempotency", "traffic", "gone", "limit", "running"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

@@ -30,6 +30,7 @@ COUNTERS = {
     "items": "jobs answered",
     "errors": "items answered with an error",
     "expired": "jobs dropped past their deadline",
+    "left": "jobs dropped unrun because their client had left",
     "dead": "undecodable jobs dead-lettered",
     "recovered": "jobs of dead workers requeued",
     "infer_seconds": "time spent in the model",

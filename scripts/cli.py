@@ -1,7 +1,8 @@
 """`funnel <command>`: one entry point for everything Funnel runs.
 
-    funnel up        Redis, the web tier and one worker per model (what `make up` runs)
+    funnel up        Redis, the web tier, the gRPC service and one worker per model (what `make up` runs)
     funnel web       the web tier alone (also `funnel-web`)
+    funnel grpc      the Open Inference Protocol's gRPC service alone (also `funnel-grpc`)
     funnel worker    one worker daemon (also `funnel-worker`)
     funnel prepare   build the model store from the weights Funnel ships with
     funnel add       add your own ONNX / TorchScript model, with its task, to the store
@@ -24,8 +25,10 @@ from funnel.scripts.entry import PREPARE, WEB, WORKER
 # command -> (module, help, the extras it needs); imported only when chosen, so `funnel inspect`
 # never loads torch.
 COMMANDS: dict[str, tuple[str, str, tuple[entry.Extra, ...]]] = {
-    "up": ("funnel.scripts.stack", "Redis, the web tier and one worker per model", (WEB, WORKER)),
+    "up": ("funnel.scripts.stack", "Redis, the web tier, the gRPC service and one worker per model",
+           (WEB, WORKER)),
     "web": ("funnel.web.server", "the web tier (gunicorn + Flask)", (WEB,)),
+    "grpc": ("funnel.web.grpc.server", "the Open Inference Protocol over gRPC (port 8001)", (WEB,)),
     "worker": ("funnel.worker.main", "one worker daemon", (WORKER,)),
     "prepare": ("funnel.scripts.prepare_model", "build the model store from the packaged weights", (PREPARE,)),
     "add": ("funnel.scripts.add_model", "add your own ONNX / TorchScript model (or a version of one) to the store",

@@ -1,4 +1,4 @@
-"""The console scripts `funnel-web` and `funnel-worker`, and the extras each command needs.
+"""The console scripts `funnel-web`, `funnel-grpc` and `funnel-worker`, and the extras each command needs.
 
 `pip install funnel` alone brings what both tiers share, not a tier: the web
 tier comes with the `web` extra, a worker with `worker` (or `gpu` on CUDA
@@ -29,7 +29,7 @@ class Extra:
 
 
 WEB = Extra("web", ("flask", "gunicorn", "uvicorn", "uvicorn_worker", "prometheus_client", "orjson",
-                    "tokenizers", "PIL"))
+                    "tokenizers", "PIL", "grpc", "google.protobuf"))
 # onnxruntime-gpu installs the same onnxruntime module as the CPU build; torch serves --backend torch.
 WORKER = Extra("worker", ("onnxruntime",), cuda_name="gpu", optional=("torch",))
 PREPARE = Extra("prepare", ("torch", "transformers", "onnx", "onnxruntime", "efficientnet_lite_pytorch",
@@ -66,6 +66,10 @@ def run(command: str, extras: tuple[Extra, ...], module: str, argv: list[str] | 
 
 def web() -> int:
     return run("funnel-web", (WEB,), "funnel.web.server")
+
+
+def grpc() -> int:
+    return run("funnel-grpc", (WEB,), "funnel.web.grpc.server")
 
 
 def worker() -> int:

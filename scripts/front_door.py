@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -51,33 +52,52 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
 
 
-def render(listen: str, upstream: str, max_body_mb: float, timeout_s: float) -> str:
-    """The server block, as the Compose file's nginx renders it from the same template."""
+def render(listen: str, upstream: str | list[str], max_body_mb: float, timeout_s: float) -> str:
+    """The server block, as the Compose file's nginx renders it from the same template. Several
+    upstreams (a list of HOST:PORT) become one `server` line each in the template's upstream block:
+    nginx spreads requests over them and passes one that could not connect to the next."""
+    servers = [upstream] if isinstance(upstream, str) else list(upstream)
+    if not servers:
+        raise ValueError("no upstream for the front door")
     return Template(TEMPLATE.read_text()).safe_substitute(
-        FRONT_LISTEN=listen, FRONT_UPSTREAM=upstream, FRONT_BODY_MB=str(int(max_body_mb) + 1),
+        FRONT_LISTEN=listen, FRONT_UPSTREAM=";\n    server ".join(servers), FRONT_BODY_MB=str(int(max_body_mb) + 1),
         FRONT_TIMEOUT_S=str(int(timeout_s) + 10))
 
 
 class FrontDoor:
-    """An nginx process listening on `port`, proxying to the web tier on `upstream_port`."""
+    """An nginx process listening on `port`, proxying to the web tier on `upstream_port`, or to
+    several web tiers (a list of ports: each a `server` of the upstream block).
 
-    def __init__(self, port: int, upstream_port: int, max_body_mb: float = 20.0, timeout_s: float = 30.0,
-                 host: str = "127.0.0.1"):
+    With `reuseport`, the listening socket is SO_REUSEPORT, so restart() starts the new nginx
+    beside the old one before the old one quits gracefully: no connection is refused meanwhile.
+    """
+
+    def __init__(self, port: int, upstream_port: int | list[int], max_body_mb: float = 20.0,
+                 timeout_s: float = 30.0, host: str = "127.0.0.1", reuseport: bool = False):
         binary = nginx_binary()
         if binary is None:
             raise FileNotFoundError("nginx is not installed (Debian: apt-get install nginx)")
-        self.binary, self.port, self.host = binary, port, host
-        self.dir = Path(tempfile.mkdtemp(prefix="funnel-nginx-"))
-        (self.dir / "funnel.conf").write_text(
-            render(f"{host}:{port}", f"127.0.0.1:{upstream_port}", max_body_mb, timeout_s))
+        self.binary, self.port, self.host, self.reuseport = binary, port, host, reuseport
+        self.upstream_ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port)
+        self.max_body_mb, self.timeout_s = max_body_mb, timeout_s
+        self.dir = self._configure()
+        self.process: subprocess.Popen | None = None
+
+    def _configure(self) -> Path:
+        """A fresh prefix folder with nginx.conf and funnel.conf (each nginx process its own: its
+        pid file, logs and temporary files)."""
+        folder = Path(tempfile.mkdtemp(prefix="funnel-nginx-"))
+        listen = f"{self.host}:{self.port}" + (" reuseport" if self.reuseport else "")
+        (folder / "funnel.conf").write_text(
+            render(listen, [f"127.0.0.1:{p}" for p in self.upstream_ports], self.max_body_mb, self.timeout_s))
         root = os.geteuid() == 0
         if root:  # nginx's workers drop to nobody, and must still write their temporary files
-            self.dir.chmod(0o777)
+            folder.chmod(0o777)
         files = 2 * WORKER_CONNECTIONS + 64
-        (self.dir / "nginx.conf").write_text(Template(MAIN_CONF).substitute(
-            user="user nobody nogroup;" if root else "", dir=self.dir, files=files,
+        (folder / "nginx.conf").write_text(Template(MAIN_CONF).substitute(
+            user="user nobody nogroup;" if root else "", dir=folder, files=files,
             connections=WORKER_CONNECTIONS))
-        self.process: subprocess.Popen | None = None
+        return folder
 
     def start(self, timeout_s: float = 10.0) -> FrontDoor:
         check = subprocess.run([self.binary, "-t", "-q", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
@@ -94,6 +114,35 @@ class FrontDoor:
                 raise TimeoutError("nginx did not start")
             time.sleep(0.02)
         return self
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """A new nginx process in place of this one, the old one quitting gracefully (SIGQUIT: it
+        closes its listening socket, finishes the requests it holds, then exits, within timeout_s).
+        With reuseport the new one listens first; without, only once the old one has gone."""
+        old, old_dir = self.process, self.dir
+        self.dir = self._configure()
+        if self.reuseport:
+            self.start()
+        if old is not None and old.poll() is None:
+            old.send_signal(signal.SIGQUIT)
+            try:
+                old.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                old.wait()
+        shutil.rmtree(old_dir, ignore_errors=True)
+        if not self.reuseport:
+            self.start()
+
+    def pids(self) -> list[int]:
+        """The master's pid and its workers' (from /proc): what a memory or CPU count looks at."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        try:
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        return [self.process.pid, *map(int, children)]
 
     def error_log(self) -> str:
         path = self.dir / "error.log"

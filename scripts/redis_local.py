@@ -189,6 +189,34 @@ class LocalSentinels(processes.Service):
             return port if port not in (None, old_port) and self._info(port).get("role") == "master" else None
         return wait_until(promoted, timeout_s, f"a failover away from port {old_port}")
 
+    def current_replica(self) -> LocalRedis:
+        """The data node that is not the primary the Sentinels name."""
+        primary = self.current_primary()
+        return self.replica if primary is self.primary else self.primary
+
+    def rejoin(self, server: LocalRedis, timeout_s: float = 30.0) -> None:
+        """Start a killed data node again as a replica of the current primary, and wait until it
+        has synced and every Sentinel counts it as a live replica: then the deployment can fail
+        over once more. It starts as a replica (not as the primary it was, empty, with no
+        persistence, which a Sentinel could still take for the primary): its --replicaof names
+        the primary of now."""
+        primary = self.current_primary()
+        if server is primary or (server.process is not None and server.process.poll() is None):
+            raise ValueError(f"port {server.port} is running, or is the primary")
+        args, i = list(server.args), 0
+        while i < len(args):  # drop the --replicaof it started with: its primary may have changed
+            if args[i] == "--replicaof":
+                del args[i:i + 3]
+            else:
+                i += 1
+        server.args = [*args, "--replicaof", "127.0.0.1", str(primary.port)]
+        server.start()
+        wait_until(lambda: self._info(server.port).get("master_link_status") == "up", timeout_s,
+                   f"port {server.port} to sync with the primary on {primary.port}", alive=server.process)
+        for port in self.sentinel_ports:
+            wait_until(lambda port=port: self._sees_replica(port, server.port), timeout_s,
+                       f"Sentinel {port} to count {server.port} as a live replica", alive=server.process)
+
     def stop(self) -> None:
         for process in self.sentinels:
             processes.stop(process)
@@ -196,6 +224,12 @@ class LocalSentinels(processes.Service):
         self.replica.stop()
         self.primary.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _sees_replica(self, port: int, replica_port: int) -> bool:
+        replicas = ask(port, lambda client: client.sentinel_slaves(self.service), [], self.sentinel_password)
+        return any(int(r.get("port", 0)) == replica_port and not r.get("is_sdown", True)
+                   and not r.get("is_odown", False) and r.get("master-link-status", "ok") == "ok"
+                   for r in replicas)
 
 
     def _sees_everyone(self, port: int) -> bool:
@@ -213,13 +247,16 @@ class LocalSentinels(processes.Service):
 
 
 class LocalCluster(processes.Service):
-    """Three cluster-enabled primaries on 127.0.0.1 (no replicas), joined by `redis-cli --cluster
-    create`: the 16384 slots split in three, as a Redis Cluster deployment runs them. `url` is the
-    FUNNEL_REDIS_URL (redis+cluster://) that finds them."""
+    """Three cluster-enabled primaries on 127.0.0.1, joined by `redis-cli --cluster create`: the
+    16384 slots split in three, as a Redis Cluster deployment runs them. With `replicas` 1, each
+    primary has a replica (six nodes) that the cluster promotes when its primary dies (after
+    cluster-node-timeout, 2 s). `url` is the FUNNEL_REDIS_URL (redis+cluster://) that finds them."""
 
-    def __init__(self, primaries: int = 3):
+    def __init__(self, primaries: int = 3, replicas: int = 0):
         options = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
-        self.nodes = [LocalRedis(port=cluster_port(), args=list(options)) for _ in range(primaries)]
+        self.replicas = replicas
+        self.nodes = [LocalRedis(port=cluster_port(), args=list(options))
+                      for _ in range(primaries * (1 + replicas))]
         for node in self.nodes:  # each keeps its own nodes.conf, in its own dir
             node.args += ["--cluster-config-file", f"{node.dir}/nodes.conf"]
 
@@ -232,22 +269,58 @@ class LocalCluster(processes.Service):
             node.start()
         subprocess.run([redis_cli_binary(), "--cluster", "create",
                         *(f"127.0.0.1:{node.port}" for node in self.nodes),
-                        "--cluster-replicas", "0", "--cluster-yes"],
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s)
         for node in self.nodes:  # every node must know every slot's owner before clients come
             wait_until(lambda node=node: b"cluster_state:ok" in ask(node.port, cluster_info, b""),
                        timeout_s, f"cluster_state:ok on {node.port}", alive=node.process)
+        if self.replicas:
+            for node in self.nodes:
+                wait_until(lambda node=node: self.settled(node), timeout_s,
+                           f"node {node.port}: a primary, or a replica in sync", alive=node.process)
         return self
 
     def node_of(self, key: str) -> LocalRedis:
         """The primary that owns key's slot, by CLUSTER KEYSLOT and CLUSTER SLOTS."""
-        port = self.nodes[0].port
+        port = next(node.port for node in self.nodes if node.process and node.process.poll() is None)
         slot = ask(port, lambda c: c.execute_command("CLUSTER", "KEYSLOT", key))
         for start, end, (_host, owner, *_), *_replicas in ask(port, lambda c: c.execute_command("CLUSTER", "SLOTS"),
                                                               []):
             if int(start) <= slot <= int(end):
                 return next(node for node in self.nodes if node.port == int(owner))
         raise LookupError(f"no node owns the slot of {key!r}")
+
+    def settled(self, node: LocalRedis) -> bool:
+        """The node answers, the cluster is ok as it sees it, and it is a primary or a replica
+        whose link to its primary is up."""
+        info = ask(node.port, lambda c: c.info("replication"), {})
+        return (b"cluster_state:ok" in ask(node.port, cluster_info, b"")
+                and (info.get("role") == "master" or info.get("master_link_status") == "up"))
+
+    def kill_primary_of(self, key: str, timeout_s: float = 30.0) -> tuple[LocalRedis, LocalRedis]:
+        """SIGKILL the primary owning key's slot and wait until the cluster has promoted its
+        replica (cluster_state:ok on every live node, the slot owned by another node): (killed, promoted)."""
+        if not self.replicas:
+            raise ValueError("a cluster without replicas cannot fail over")
+        victim = self.node_of(key)
+        victim.kill()
+
+        def promoted() -> LocalRedis | None:
+            try:
+                owner = self.node_of(key)
+            except (LookupError, StopIteration, TypeError):
+                return None
+            alive = [n for n in self.nodes if n.process and n.process.poll() is None]
+            ok = all(b"cluster_state:ok" in ask(n.port, cluster_info, b"") for n in alive)
+            return owner if owner is not victim and ok else None
+
+        return victim, wait_until(promoted, timeout_s, f"a replica to take over from {victim.port}")
+
+    def rejoin(self, node: LocalRedis, timeout_s: float = 30.0) -> None:
+        """Start a killed node again: with its nodes.conf it rejoins the cluster, learns it was
+        failed over and becomes a replica of its old replica; waits until it has synced."""
+        node.start()
+        wait_until(lambda: self.settled(node), timeout_s, f"node {node.port} to rejoin", alive=node.process)
 
     def stop(self) -> None:
         for node in self.nodes:

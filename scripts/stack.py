@@ -1,4 +1,5 @@
-"""`funnel up`: the whole stack as plain processes: Redis, the web tier, one worker per model.
+"""`funnel up`: the whole stack as plain processes: Redis, the web tier, the gRPC service, one worker
+per model.
 
 `make up` runs this; the end-to-end tests and benchmarks use the Stack class
 to start exactly what a user starts. Each worker serves its model's highest
@@ -7,7 +8,7 @@ NAME:N instead of a model name to serve version N (start_worker, workers).
 
     funnel up [--port 8000] [--redis-port 6390] [--model-store model_store] [--backend onnx]
               [--batch-size N | MODEL=N,...] [--linger-ms MS | MODEL=MS,...] [--workers-per-model N]
-              [--log-dir DIR] [--[no-]front-door]
+              [--grpc-port 8001 | --no-grpc] [--log-dir DIR] [--[no-]front-door]
 
 `funnel up --help` tells each option. Every other FUNNEL_* variable in its
 environment reaches the tier whose setting it is (docs/operations.md).
@@ -20,6 +21,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -57,8 +59,9 @@ class Stack(processes.Service):
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
                  workers: list[str] | None = None, front_door: bool = False, workers_per_model: int = 1,
-                 model_env: dict[str, dict[str, str]] | None = None):
+                 model_env: dict[str, dict[str, str]] | None = None, grpc_port: int | None = None):
         self.port = port or free_port()
+        self.grpc_port = grpc_port  # the gRPC service's (funnel-grpc), started with the web tier; None: none
         # With a front door, nginx listens on `port` and the web tier on a private one behind it.
         self.web_port = free_port() if front_door else self.port
         self.front_door: FrontDoor | None = None
@@ -80,6 +83,7 @@ class Stack(processes.Service):
         self.redis_url = redis_url or self.redis.url
         self.log_dir = log_dir
         self.web: subprocess.Popen | None = None
+        self.grpc: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
 
     @property
@@ -107,6 +111,12 @@ class Stack(processes.Service):
         return self._env({"FUNNEL_MODEL": model, **self.worker_env, **self.model_env.get(model_name(model), {}),
                           **env})
 
+    def web_environment(self, port: int, **env: str) -> dict[str, str]:
+        """The environment of a web tier listening on `port` with this stack's settings: what
+        start() gives its own, for a scenario that runs more web tiers on other ports (benchmarks/chaos.py)."""
+        return self._env({"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(port),
+                          "FUNNEL_MODELS": ",".join(self.models), **self.web_env, **env})
+
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
         """A worker for `model`: NAME serves its highest version in the store, NAME:N version N."""
         worker = self._spawn(f"worker-{model.replace(':', '-v')}-{len(self.workers)}", ["funnel.worker"],
@@ -120,6 +130,8 @@ class Stack(processes.Service):
         web_env = self._env({"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(self.web_port),
                              "FUNNEL_MODELS": ",".join(self.models), **self.web_env})
         self.web = self._spawn("web", ["funnel.web"], web_env)
+        if self.grpc_port is not None:
+            self.start_grpc()
         if self.wants_front_door:
             web = settings.load(WebSettings, [], environ=web_env)
             self.front_door = FrontDoor(self.port, self.web_port, web.max_body_mb, web.request_timeout_s).start()
@@ -128,12 +140,39 @@ class Stack(processes.Service):
         self.wait_ready(timeout_s)
         return self
 
+    def grpc_environment(self) -> dict[str, str]:
+        """The environment the gRPC service starts with: the web tier's settings, and its port."""
+        return self._env({"FUNNEL_HOST": "127.0.0.1", "FUNNEL_GRPC_PORT": str(self.grpc_port),
+                          "FUNNEL_MODELS": ",".join(self.models), **self.web_env})
+
+    def start_grpc(self) -> subprocess.Popen:
+        """The gRPC service (funnel-grpc) on grpc_port; a fault test may call it again once the one
+        before has exited."""
+        self.grpc = self._spawn("grpc", ["funnel.web.grpc"], self.grpc_environment())
+        return self.grpc
+
+    def wait_grpc(self, timeout_s: float = 60) -> None:
+        """Until the gRPC service accepts connections (it binds once its models are loaded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.grpc_port), timeout=1).close()
+                return
+            except OSError:
+                if self.grpc is not None and self.grpc.poll() is not None:
+                    raise RuntimeError(f"the gRPC service exited with {self.grpc.returncode}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the gRPC service did not listen within {timeout_s} s") from None
+                time.sleep(0.1)
+
     def wait_ready(self, timeout_s: float, expected: dict[str, int] | None = None) -> None:
         """Until the web answers and each model has its live workers (default: one per worker started)."""
         if expected is None:
             names = [model_name(m) for m in self.worker_models]
             expected = {m: names.count(m) for m in names}
         deadline = time.monotonic() + timeout_s
+        if self.grpc_port is not None:
+            self.wait_grpc(timeout_s)
         while not self._ready(expected):
             if self.web.poll() is not None:
                 raise RuntimeError(f"the web tier exited with {self.web.returncode}")
@@ -165,7 +204,7 @@ class Stack(processes.Service):
     def stop(self) -> None:
         if self.front_door:
             self.front_door.stop()
-        procs = [p for p in [*self.workers, self.web] if p and p.poll() is None]
+        procs = [p for p in [*self.workers, self.web, self.grpc] if p and p.poll() is None]
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
@@ -244,6 +283,11 @@ def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="worker processes per model, each with its share of the cores' threads; on a "
                              "CPU-only host serving one model, one per core served text best "
                              "(default: %(default)s, from FUNNEL_WORKERS_PER_MODEL when set)")
+    parser.add_argument("--grpc-port", type=int, default=int(environ.get("FUNNEL_GRPC_PORT", 8001)),
+                        help="port of the Open Inference Protocol's gRPC service (funnel-grpc) "
+                             "(default: %(default)s, from FUNNEL_GRPC_PORT when set)")
+    parser.add_argument("--grpc", action=argparse.BooleanOptionalAction, default=True,
+                        help="start the gRPC service beside the web tier (default: %(default)s)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="write each process's log to a file of its own in this folder "
                              "(default: all to this terminal)")
@@ -270,7 +314,8 @@ def build(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ
                  worker_env={**tier_env(WorkerSettings, environ), "FUNNEL_BACKEND": args.backend},
                  web_env=tier_env(WebSettings, environ), model_env=per_model_env,
                  workers_per_model=args.workers_per_model,
-                 log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door)
+                 log_dir=Path(args.log_dir) if args.log_dir else None, front_door=args.front_door,
+                 grpc_port=args.grpc_port if args.grpc else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,10 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stopping.set())
     try:
         stack.start()
-        print(f"\nFunnel is ready at {stack.url}  (models: {', '.join(stack.models)}; "
+        grpc_at = f", gRPC at 127.0.0.1:{stack.grpc_port}" if stack.grpc_port is not None else ""
+        print(f"\nFunnel is ready at {stack.url}{grpc_at}  (models: {', '.join(stack.models)}; "
               f"Redis {stack.redis_url}). Ctrl-C stops everything.\n", flush=True)
         while not stopping.wait(1.0):
-            dead = [p for p in [stack.web, *stack.workers, stack.front_door] if p and p.poll() is not None]
+            dead = [p for p in [stack.web, stack.grpc, *stack.workers, stack.front_door]
+                    if p and p.poll() is not None]
             if dead:
                 print(f"{getattr(dead[0], 'args', 'nginx')} exited; stopping", file=sys.stderr)
                 return 1

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from funnel.common import registry, traffic
 from funnel.common.errors import BadInput
 from funnel.common.registry import live_workers
+from funnel.common.tasks import Task
 from funnel.web import auth, dashboard, errors, openapi
 from funnel.web import metrics as web_metrics
 from funnel.web.catalog import Catalog
@@ -56,12 +57,19 @@ def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
     weights = traffic.read(pipeline.client, pipeline.keys, name)
     lengths = registry.version_queue_lengths(pipeline.client, pipeline.keys, {name: versions})[name]
     mine = [w for w in workers if w.get("model") == name]
-    return {**task.spec.public(), "input_kind": task.input_kind, "limits": task.limits, **task.public(),
-            "queue": sum(lengths.values()), "workers": mine,
+    return {**openai_model(task), **task.spec.public(), "input_kind": task.input_kind, "limits": task.limits,
+            **task.public(), "queue": sum(lengths.values()), "workers": mine,
             "traffic": {str(v): weight for v, weight in sorted(weights.items())} or None,
             "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v),
                           "workers": [w["id"] for w in mine if registry.version_of(w) == v]}
                          for v in sorted(versions)]}
+
+
+def openai_model(task: Task) -> dict:
+    """A model as OpenAI's API lists it (GET /v1/models' "data", and beside Funnel's fields in
+    GET /v1/models/<name>): an OpenAI client reads these four fields, a Funnel client the others."""
+    created = (task.spec.path / "model.json").stat().st_mtime  # when the served version was stored
+    return {"id": task.spec.name, "object": "model", "created": int(created), "owned_by": "funnel"}
 
 
 def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
@@ -110,8 +118,11 @@ def install_operations(app: Flask, pipeline: Pipeline) -> None:
 
     @app.get("/v1/models")
     def list_served():
+        """Funnel's "models" and, in the same object, OpenAI's list ("object", "data"): both clients
+        read it, each ignoring the other's fields."""
         workers = live_workers(client, keys)
-        return jsonify({"models": [describe(pipeline, name, workers) for name in catalog.names()]})
+        return jsonify({"models": [describe(pipeline, name, workers) for name in catalog.names()],
+                        "object": "list", "data": [openai_model(task) for task in catalog.tasks()]})
 
     @app.get("/v1/models/<name>")
     def describe_model(name: str):

@@ -1,6 +1,7 @@
 """The one path of a request through the web tier, whatever protocol it came in.
 
     front (transport/front.py)  reads the body, checks the API key, picks the adapter
+                 (or the gRPC service, web/grpc/service.py, its message read: `infer`, steps 1 to 6)
     1 resolve    the served model's task, by name (404 before a name can become a key), and its
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Job, Reply, encode_job, now_ms
 from funnel.web import metrics
 from funnel.web.catalog import Catalog
+from funnel.web.queueing import push_script
 from funnel.web.queueing.inbox import Inbox
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.queueing.shedding import (
@@ -61,14 +63,20 @@ class Work:
     ready: bool = False  # the items are the model's own tensors, checked rather than preprocessed
     raw: bool = False  # the replies carry the model's output rows, not the task's results
     context: dict[str, Any] = field(default_factory=dict)  # what the adapter needs again to render
+    prepared: list[Inputs] = field(default_factory=list)  # the items' tensors, for adapters that count them
 
 
-class Adapter(Protocol):
-    """A protocol's two ends of a predict-like route (protocols/v1.py, protocols/v2.py)."""
+class Parser(Protocol):
+    """What the pipeline asks of a protocol before it queues: the request's items (the gRPC
+    service's adapter reads a protobuf message, the others a werkzeug Request)."""
 
-    def parse(self, task: Task, request: Request) -> Work:
+    def parse(self, task: Task, request: Any) -> Work:
         """The request's items; a FunnelError for a request the protocol cannot read."""
         ...
+
+
+class Adapter(Parser, Protocol):
+    """A protocol's two ends of a predict-like HTTP route (protocols/v1.py, v2.py, openai.py)."""
 
     def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
         """A 200's body and headers, from the replies in item order."""
@@ -93,15 +101,24 @@ class Pipeline:
     async def respond(self, adapter: Adapter, request: Request, name: str, version: str | None = None) -> Rendered:
         """A predict-like request, whole: its status, body and headers, an error included."""
         try:
-            task = self.resolve(name, version)
-            work = adapter.parse(task, request)
-            inputs = list(self.prepare(task, work.items, work.ready))
-            timeout_s = request_timeout(request.headers, self.settings.request_timeout_s)
-            replies = await self.run(name, task.spec.version, inputs, timeout_s, work.raw)
+            cap_s = self.settings.request_timeout_s
+            task, work, replies = await self.infer(adapter, request, name, version,
+                                                   lambda: request_timeout(request.headers, cap_s))
             body, headers = adapter.render(task, work, replies)
             return 200, body, headers
         except Exception as exc:
             return adapter.render_error(exc, request)
+
+    async def infer(self, parser: Parser, request: Any, name: str, version: str | None,
+                    timeout_s: Callable[[], float]) -> tuple[Task, Work, list[Reply]]:
+        """Steps 1 to 6, whatever protocol renders their outcome: the task, the parsed work (its
+        items' tensors in `prepared`) and the replies in item order. timeout_s is asked once the
+        request is read, so that a bad model or body is told before a bad deadline."""
+        task = self.resolve(name, version)
+        work = parser.parse(task, request)
+        work.prepared = list(self.prepare(task, work.items, work.ready))
+        replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw)
+        return task, work, replies
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
                    body: bytes, caller: jobs.Caller) -> tuple[jobs.Record, bool]:
@@ -186,8 +203,10 @@ class Pipeline:
                                version=version)) for job_id, item in zip(ids, inputs)]
         estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
-        keys = [self.keys.queue(model, version), *(self.keys.inflight(model, w) for w in capacity.workers if estimate)]
-        args = [self.settings.max_queue, int(estimate), timeout_s, *capacity.script_args(calibration), *jobs]
+        keys = push_script.keys_of(self.keys, model, version, push_script.UNLIMITED,
+                                   capacity.workers if estimate else ())
+        args = push_script.args_of(self.settings.max_queue, capacity.script_args(calibration) if estimate else None,
+                                   timeout_s, None, now_ms(), ids[0], deadline, jobs)
         ahead, pushed_ms = -1, 0
         try:
             outcome, count, *rest = await self.outbox.push(keys, args)

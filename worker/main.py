@@ -1,4 +1,15 @@
-"""The worker daemon: take, collate, run, reply, until told to stop."""
+"""The worker daemon: take, collate, run, reply, until told to stop.
+
+The four steps run on three threads, each on a different batch: while this
+thread runs one batch on the model, the taker takes and collates the next
+and the replier answers the last, so the model never waits on Redis while
+work is queued. A batch is handed from one thread to the next through a
+`Slot` that holds one: the next batch is taken only once the last one has
+started running, and a batch run waits for the replier to take the one before.
+Every batch stays in the in-flight list until its replies are written,
+whichever thread holds it: a kill at any moment leaves all of them for
+recovery, and SIGTERM stops the taking, then runs and answers every batch taken.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +17,6 @@ import logging
 import signal
 import sys
 import threading
-import time
-from functools import partial
-
-import redis
 
 from funnel.common import tasks
 from funnel.common.connection import connect, on_cluster
@@ -18,22 +25,19 @@ from funnel.common.store import load_spec
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
+from funnel.worker import warmup
 from funnel.worker.allocator import preload_tcmalloc
 from funnel.worker.heartbeat import Heartbeat
+from funnel.worker.hold import Hold
 from funnel.worker.linger import Linger
+from funnel.worker.pipeline import Slot, Stage
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
-from funnel.worker.reply import answer
 from funnel.worker.settings import WorkerSettings, model_and_version
+from funnel.worker.steps import BLOCK_S, Steps, retrying
 from funnel.worker.webhook import Deliverer
 
 log = logging.getLogger("funnel.worker")
-batch_log = logging.getLogger("funnel.worker.batch")
-
-BLOCK_S = 1.0  # longest idle wait, so a stop request is seen within a second
-# A Sentinel failover ends within seconds: a worker asleep longer than this after it adds to
-# every waiting request, and two tries a second cost a Redis that is down nothing.
-MAX_BACKOFF_S = 0.5
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
@@ -49,61 +53,61 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
         return
     model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
-    queue = JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version)
-    linger = Linger(settings.linger_ms, stop)
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "version": version, "backend": settings.backend, "device": device,
         "batch_size": batch_size, "linger_ms": settings.linger_ms},
         recovery, settings.heartbeat_ttl_s)
+    steps = Steps(settings, spec.name, version, task, model, client, keys,
+                  JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
+                  Linger(settings.linger_ms, stop), heartbeat.stats, stop, batch_size,
+                  Hold(stop))  # Hold: the fault suite's seam; unset, it does nothing
+    warmup.run(task, model, batch_size, device)  # before registering: no request meets a cold shape
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own
     log.info("worker %s serving %s version %d (batch %d, linger %g ms) from %s", settings.worker_id,
              spec.name, version, batch_size, settings.linger_ms, keys.queue(spec.name, version))
     try:
-        while not stop.is_set():
-            raws = retrying(lambda: queue.take(batch_size, linger, BLOCK_S), stop)  # take
-            if not raws:
-                continue
-            batch = batching.decode(raws, spec.name, keys, settings.worker_id, version)
-            batching.run(batch, task, model, settings.worker_id, version)          # collate, run
-            retrying(partial(answer, client, keys, settings.worker_id, spec.name,   # reply
-                             batch.replies, batch.dead, settings.reply_ttl_s), stop, until_done=True)
-            linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
-            record(heartbeat.stats, batch, queue.last_wait_s, spec.name, settings.log_batches)
+        loop(steps, stop)
     finally:
         deliverer.stop()
-        heartbeat.stop()
+        heartbeat.stop()  # after the last reply: a deregistered worker's in-flight jobs are recovered
     log.info("worker %s stopped", settings.worker_id)
 
 
-def record(stats, batch: batching.Batch, wait_s: float, model: str, log_it: bool) -> None:
-    stats.batch(len(batch.jobs), batch.errors, batch.infer_ms / 1000, wait_s)
-    stats.add(expired=batch.expired, dead=len(batch.dead))
-    if log_it:
-        batch_log.info("batch model=%s size=%d errors=%d expired=%d dead=%d wait_ms=%.1f infer_ms=%.1f",
-                       model, len(batch.jobs), batch.errors, batch.expired, len(batch.dead),
-                       wait_s * 1000, batch.infer_ms)
+def loop(steps: Steps, stop: threading.Event) -> None:
+    """Take, collate, run, reply until stopped; returns once every batch taken is answered."""
+    collated: Slot[batching.Batch] = Slot()  # the next batch, ready to run
+    answering: Slot[batching.Batch] = Slot()  # the last batch run, to be answered
 
+    def take_and_collate() -> None:  # the taker's thread
+        while True:
+            collated.wait_empty()  # the batch handed over last starts to run now
+            if stop.is_set():
+                return
+            batch = steps.take_and_collate()
+            if batch is not None:
+                collated.put(batch)
 
-def retrying(call, stop: threading.Event, until_done: bool = False):
-    """Run a Redis call, waiting out outages with capped exponential backoff.
+    def reply() -> None:  # the replier's thread
+        for batch in iter(answering.get, None):
+            steps.reply(batch)
 
-    Taking gives up when asked to stop; answering keeps trying a while longer,
-    since the batch in hand has been computed (if Redis never returns, the
-    jobs stay in the in-flight list for recovery).
-    """
-    delay, tries = 0.05, 0
-    while True:
-        try:
-            return call()
-        except redis.RedisError as exc:
-            tries += 1
-            if stop.is_set() and (not until_done or tries > 20):
-                return None
-            log.warning("redis unavailable (%s); retrying in %.2f s", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, MAX_BACKOFF_S)
+    taker = Stage("take", take_and_collate, stop, [collated]).start()
+    replier = Stage("reply", reply, stop, [answering]).start()
+    try:
+        for batch in iter(collated.get, None):  # ends once the taker has stopped and its last batch is run
+            steps.run(batch)
+            if not answering.put(batch):  # the replier has died (its error is raised below)
+                break
+    finally:
+        stop.set()  # whatever ended the loop ends the taker too
+        collated.close()
+        answering.close()  # the replier answers what it was handed, then ends
+        replier.thread.join()
+        taker.thread.join()
+    replier.join()  # raise what ended either thread
+    taker.join()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        # Finish the batch in hand, then leave: nothing taken is dropped.
+        # Stop taking; run and answer every batch taken, then leave: nothing taken is dropped.
         signal.signal(signum, lambda *_: stop.set())
     serve(settings, stop)
     return 0

@@ -18,11 +18,17 @@ request then waits behind a small bulk batch, not a full one. With no
 interactive traffic, bulk items fill whole batches. An idle worker blocks on
 the interactive queue only, so it notices new bulk items within block_s (a
 second).
+
+Several batches may be in the in-flight list at once (one running, the next
+taken while it runs, the last being answered): each is forgotten on its own
+when its replies are written (worker/reply.py), and the queue counts the
+messages it has handed out and not yet seen forgotten (`forget`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import redis
@@ -30,6 +36,7 @@ import redis
 from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
+from funnel.common.wire import peek_job
 from funnel.worker.linger import Linger
 
 POLL_S = 0.001
@@ -44,13 +51,18 @@ class JobQueue:
         self.bulk = keys.bulk(model, version)
         self.bulk_share = bulk_share
         self.inflight = keys.inflight(model, worker_id)
+        self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
+        self.left = 0  # interactive jobs taken and never run since last read: their client had left
+        self._marked_gone = 0  # the gone set's size at the last take: 0, nothing to look up
         self._take_more = lua_scripts.register(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, or from a take cut short by a Redis error.
         self._maybe_leftovers = True
         self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
         self._interactive_at = -math.inf  # when this worker last took an interactive job
+        self._held = 0  # messages handed out by take() and not yet forgotten
+        self._forgotten = threading.Condition()
 
     def take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
         """Block up to block_s for the oldest job, then fill the batch.
@@ -59,29 +71,53 @@ class JobQueue:
         within the linger budget.
         """
         if self._maybe_leftovers:
+            # Only the list's unknown messages are leftovers: wait until every batch handed out is answered.
+            if not self._all_forgotten(block_s):
+                return []
             leftovers: list[bytes] = self.client.lrange(self.inflight, 0, -1)  # type: ignore[assignment]
-            self._maybe_leftovers = False
             if leftovers:
-                return self._runnable(leftovers[::-1])  # LPUSHed, so oldest last
+                jobs = self._handed_out(leftovers[::-1])  # LPUSHed, so oldest last
+                self._maybe_leftovers = False
+                return jobs
         self._maybe_leftovers = True  # until this take completes
-        jobs = self._runnable(self._take(batch_size, linger, block_s))
+        jobs = self._handed_out(self._take(batch_size, linger, block_s))
         self._maybe_leftovers = False
         return jobs
 
-    def _runnable(self, raws: list[bytes]) -> list[bytes]:
-        """Drop the items of cancelled or expired jobs; if none is left, forget the take at once
-        (otherwise the reply that clears the in-flight list forgets them)."""
+    def forget(self, count: int) -> None:
+        """count messages handed out have left the in-flight list (their batch was answered)."""
+        with self._forgotten:
+            self._held -= count
+            self._forgotten.notify_all()
+
+    def _all_forgotten(self, timeout_s: float) -> bool:
+        with self._forgotten:
+            return self._forgotten.wait_for(lambda: self._held == 0, timeout=timeout_s)
+
+    def _handed_out(self, raws: list[bytes]) -> list[bytes]:
+        """Drop the items of cancelled or expired jobs, forgetting them at once (nothing will answer
+        them); count the rest as held until forget()."""
         kept, dropped = drop_stopped(self.client, self.keys, raws)
+        self.dropped += dropped
+        if self._marked_gone:
+            kept, left = drop_gone(self.client, self.gone, kept)
+            self.left += left
+            dropped += left
         if dropped:
-            self.dropped += dropped
-            if not kept:
-                self.client.delete(self.inflight)
+            kept_set = set(kept)
+            pipe = self.client.pipeline(transaction=False)
+            for raw in raws:
+                if raw not in kept_set:
+                    pipe.lrem(self.inflight, -1, raw)  # type: ignore[arg-type]  # bytes: as taken
+            pipe.execute()
+        with self._forgotten:
+            self._held += len(kept)
         return kept
 
     def _fill(self, count: int, share: int, bulk_cap: int) -> tuple[list[bytes], int]:
         """Up to count jobs (share of them kept for bulk, at most bulk_cap bulk): (jobs, bulk taken)."""
-        interactive, jobs = self._take_more(keys=[self.queue, self.inflight, self.bulk],
-                                            args=[count, share, bulk_cap])
+        interactive, jobs, self._marked_gone = self._take_more(keys=[self.queue, self.inflight, self.bulk, self.gone],
+                                                               args=[count, share, bulk_cap])
         if interactive:
             self._interactive_at = time.monotonic()
         return jobs, len(jobs) - interactive
@@ -112,3 +148,16 @@ class JobQueue:
             time.sleep(min(remaining, POLL_S))
         self.last_wait_s = time.monotonic() - started
         return jobs
+
+
+def drop_gone(client: redis.Redis, gone: str, raws: list[bytes]) -> tuple[list[bytes], int]:
+    """The taken messages less the jobs whose client left (marked in the gone set, which forgets
+    them here), and how many those were. One round trip; only while the set holds marks."""
+    ids = [peek_job(raw).get("id", "") for raw in raws]
+    scores = client.zmscore(gone, ids) if ids else []
+    left = {job_id for job_id, score in zip(ids, scores) if score is not None}
+    if not left:
+        return raws, 0
+    client.zrem(gone, *left)
+    kept = [raw for raw, job_id in zip(raws, ids) if job_id not in left]
+    return kept, len(raws) - len(kept)

@@ -1,40 +1,68 @@
-"""Answering a batch: every reply, dead letter and the in-flight clear in one transaction.
+"""Answering a batch: every reply, dead letter and forgetting its jobs in flight, in one transaction.
 
-Every key of that MULTI carries the model's hash tag (the worker checks each
-job's reply_to against its model, worker/batch.py), so on Redis Cluster it
-stays in one slot; bulk items' results are stored in it only off a cluster.
+Other batches of the same worker may share its in-flight list (the next one
+taken while this one ran), so a batch removes its own messages, one LREM each
+from the old end where they lie, rather than the whole list. A message's
+reply is pushed, and its dead letter parked, only if that LREM found it
+(common/lua/reply.lua): a worker paused past its heartbeat, whose jobs a peer
+recovered and requeued, answers none of them a second time, nor does a second
+run of the same answer (its EXEC's answer lost).
+
+Every key of the reply script carries the model's hash tag (the worker checks
+each job's reply_to against its model, worker/batch.py), so on Redis Cluster
+it stays in one slot; bulk items' results are stored in the same MULTI only
+off a cluster, once per item whoever answers it (common/lua/store_results.lua).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis
 
+from funnel.common import lua_scripts
 from funnel.common.jobs import store_results
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply
 
 
 def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
-           replies: list[tuple[str, Reply]], dead: list[bytes], ttl_s: int) -> None:
-    """LPUSH + EXPIRE the replies, one push per reply list, park dead jobs, then forget the batch.
+           replies: list[tuple[str, Reply]], dead: list[bytes], ttl_s: int, taken: Sequence[bytes] = (),
+           taken_ids: Sequence[str] = ()) -> list[str]:
+    """Store the bulk items' results; then, for each message taken (its job's id in taken_ids, "" if
+    it had none), forget it, and push its reply or park it as dead only if it was still in flight.
+    Returns the ids of the jobs answered: bulk items always, the others only if still held.
 
     MULTI/EXEC makes it all or nothing: a crash before EXEC leaves the jobs in
     flight for recovery, a crash after leaves nothing half done.
     """
-    by_list: dict[str, list[bytes]] = {}
     by_job: dict[str, list[Reply]] = {}  # items of async and bulk jobs: stored by index, not pushed
+    by_id: dict[str, tuple[str, Reply]] = {}
     for reply_to, reply in replies:
         if keys.job_of_results(reply_to):
             by_job.setdefault(reply_to, []).append(reply)
         else:
-            by_list.setdefault(reply_to, []).append(encode_reply(reply))
+            by_id[reply.id] = (reply_to, reply)
+    lists: list[str] = []  # the reply lists, KEYS[3..] of the reply script
+    parked = set(dead)
+    args: list = [ttl_s]
+    replied = []  # per message: the id of the job it answers, "" if none
+    for raw, job_id in zip(taken, taken_ids, strict=True):
+        found = by_id.pop(job_id, None)
+        if found is not None and found[0] not in lists:
+            lists.append(found[0])
+        args += [raw, lists.index(found[0]) + 3 if found else 0, encode_reply(found[1]) if found else b"",
+                 int(raw in parked)]
+        replied.append(job_id if found else "")
+    if by_id:
+        raise ValueError(f"replies to jobs this batch did not take: {sorted(by_id)}")
     pipe = client.pipeline(transaction=True)
     for results_key, items in by_job.items():
         store_results(pipe, keys, results_key, items)
-    for reply_to, payloads in by_list.items():  # a web process's inbox takes its share in one push
-        pipe.lpush(reply_to, *payloads)
-        pipe.expire(reply_to, ttl_s)
-    for raw in dead:
-        pipe.lpush(keys.dead(model), raw)
-    pipe.delete(keys.inflight(model, worker_id))
-    pipe.execute()
+    if taken:
+        lua_scripts.register(pipe, "reply")(keys=[keys.inflight(model, worker_id), keys.dead(model), *lists],
+                                            args=args)
+    done = pipe.execute()
+    held = done[-1] if taken else []
+    bulk = [reply.id for items in by_job.values() for reply in items]
+    return bulk + [job_id for job_id, still in zip(replied, held) if job_id and still]

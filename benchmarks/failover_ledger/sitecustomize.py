@@ -1,15 +1,19 @@
-"""The failover scenario's job ledger (benchmarks/failover.py), loaded by the stack's processes.
+"""The job ledger of the failover and chaos scenarios (benchmarks/ledger.py reads it), loaded by
+the stack's processes.
 
-No HTTP answer names its job, so to count jobs lost or answered twice the
+No HTTP answer names its job, so to count jobs lost or answered twice a
 scenario puts this folder on the PYTHONPATH of the web and worker processes it
-starts, with FAILOVER_LEDGER naming a folder. Python imports this module at
-start-up; it wraps two functions as their modules load, records job ids, and
-changes nothing else:
+starts, with FAILOVER_LEDGER naming a folder (benchmarks.ledger.environment).
+Python imports this module at start-up; it wraps three functions as their
+modules load, records job ids, each with the wall-clock time, and changes
+nothing else:
 
 - web: Inbox.collect, which the pipeline calls once Redis has acknowledged the
   push of a request's jobs: `queued-<pid>` gets their ids;
 - worker: reply.answer, once its transaction has been acknowledged:
-  `answered-<pid>` gets the ids it answered.
+  `answered-<pid>` gets the ids it answered (bulk items' too, `<job>-<index>`);
+- worker: batch.decode, which sorts out the jobs taken past their deadline:
+  `expired-<pid>` gets the ids it dropped unrun (their clients had a 504).
 
 It imports nothing of Funnel's itself: it only wraps what the processes import.
 """
@@ -19,14 +23,18 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 
 LEDGER = os.environ.get("FAILOVER_LEDGER")
 
 
 def _record(kind: str, ids: list[str]) -> None:
     # One small append per call: a single write(2), whole, whatever other threads do.
+    if not ids:
+        return
+    stamp = f"{time.time():.3f}"
     with open(os.path.join(LEDGER or ".", f"{kind}-{os.getpid()}"), "a") as out:
-        out.write("".join(f"{job_id}\n" for job_id in ids))
+        out.write("".join(f"{job_id} {stamp}\n" for job_id in ids))
 
 
 def _web(inbox) -> None:
@@ -45,14 +53,39 @@ def _worker(reply) -> None:
 
     @functools.wraps(answer)
     def recorded(client, keys, worker_id, model, replies, *args, **kwargs):
-        done = answer(client, keys, worker_id, model, replies, *args, **kwargs)
-        _record("answered", [r.id for _, r in replies])
-        return done
+        answered = answer(client, keys, worker_id, model, replies, *args, **kwargs)
+        _record("answered", answered)  # only those still in flight are answered
+        return answered
 
     reply.answer = recorded  # before funnel.worker.main imports it by name
 
 
-PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker}
+def _worker_batch(batch) -> None:
+    decode = batch.decode
+
+    @functools.wraps(decode)
+    def recorded(raws, *args, **kwargs):
+        sorted_ = decode(raws, *args, **kwargs)
+        if getattr(sorted_, "expired", 0):
+            kept = {job.id for job in sorted_.jobs}
+            dead = set(map(bytes, sorted_.dead))
+            expired = []
+            for raw in raws:
+                if bytes(raw) in dead:
+                    continue
+                try:
+                    job_id = batch.decode_job(raw).id
+                except Exception:  # noqa: BLE001 - the ledger never changes what the worker does
+                    continue
+                if job_id not in kept:
+                    expired.append(job_id)
+            _record("expired", expired)
+        return sorted_
+
+    batch.decode = recorded  # before prepare (same module) calls it by its global name
+
+
+PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker, "funnel.worker.batch": _worker_batch}
 
 
 class _PatchOnImport:

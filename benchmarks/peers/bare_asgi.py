@@ -1,4 +1,4 @@
-"""The web tier's floor: parse the JSON body, answer a constant embedding, on the event loop.
+"""The web tier's floor: parse the JSON body (a text, or JSON inputs), answer a constant embedding, on the event loop.
 
     gunicorn -k funnel.web.transport.protocol.Worker -w 2 -b 127.0.0.1:PORT benchmarks.peers.bare_asgi:app
 
@@ -21,7 +21,8 @@ async def app(scope, receive, send):
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
-    ok = isinstance(orjson.loads(body).get("text"), str)
+    parsed = orjson.loads(body)
+    ok = isinstance(parsed.get("text"), str) or "input" in parsed or "inputs" in parsed  # /v1's item keys
     await send({"type": "http.response.start", "status": 200 if ok else 400,
                 "headers": HEADERS if ok else [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": ANSWER if ok else BAD})

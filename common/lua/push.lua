@@ -1,10 +1,17 @@
 -- push.lua: the web tier's push of one request's jobs onto a model's interactive queue, bounded
 -- (web/pipeline.py). In one step, so concurrent requests cannot overfill the queue, and, with an
 -- estimate, refused when the predicted answer is later than the request's budget
--- (web/queueing/shedding.py's Capacity.wait_s, the same formula).
+-- (web/queueing/shedding.py's Capacity.wait_s, the same formula). With the caller's API key
+-- limited (web/queueing/limits.py), its rate (a token bucket) and its requests under way (a set
+-- of request tokens, each scored by its deadline) are checked first, and charged only when the
+-- jobs are pushed.
 --
--- KEYS[1]     the model's queue, funnel:queue:{<model>}
--- KEYS[2..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>
+-- KEYS[1]     the model's queue, funnel:queue:{<model>}:<version>
+-- KEYS[2]     the caller's token bucket on this model, funnel:limit:{<model>}:<owner> (a hash:
+--             tokens, ms), read only when ARGV[10] is 1
+-- KEYS[3]     the caller's requests under way on this model, funnel:running:{<model>}:<owner>,
+--             read only when ARGV[10] is 1
+-- KEYS[4..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>
 --             (counted as jobs ahead, only with an estimate)
 -- ARGV[1]     the queue's length limit (0: no limit)
 -- ARGV[2]     1 to estimate the wait, else 0 (ARGV[3..9] are then unread)
@@ -15,21 +22,60 @@
 -- ARGV[7]     the batch size
 -- ARGV[8]     the safety factor times the calibration (answers later than predicted raise it)
 -- ARGV[9]     seconds added to every prediction (OVERHEAD_S)
--- ARGV[10..]  the jobs to LPUSH, wire bytes
+-- ARGV[10]    1 when the caller's key is limited, else 0 (ARGV[11..16] are then unread)
+-- ARGV[11]    the key's rate, requests per second (0: no rate limit)
+-- ARGV[12]    the key's burst, requests
+-- ARGV[13]    the key's requests under way at most (0: no cap)
+-- ARGV[14]    now, epoch ms
+-- ARGV[15]    this request's token (its first job's id)
+-- ARGV[16]    this request's deadline, epoch ms
+-- ARGV[17..]  the jobs to LPUSH, wire bytes
 -- Returns     {1, the queue's new length, jobs ahead (-1: not estimated)} when pushed;
 --             {0, the queue's length} when the queue is at its limit;
---             {-1, jobs ahead} when the predicted wait is past the budget.
+--             {-1, jobs ahead} when the predicted wait is past the budget;
+--             {-2, ms until the key has a token} past the key's rate;
+--             {-3, ms until its earliest request under way is past its deadline} at the key's cap.
+local FIRST_JOB = 17
+local limited = ARGV[10] == '1'
+local tokens, now
+if limited then
+  local rate, burst, cap = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+  now = tonumber(ARGV[14])
+  if rate > 0 then
+    local bucket = redis.call('HMGET', KEYS[2], 'tokens', 'ms')
+    tokens = math.min(burst, (tonumber(bucket[1]) or burst) + math.max(0, now - (tonumber(bucket[2]) or now)) * rate / 1000)
+    if tokens < 1 then return {-2, math.ceil((1 - tokens) * 1000 / rate)} end
+  end
+  if cap > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)  -- requests past their deadline: over
+    if redis.call('ZCARD', KEYS[3]) >= cap then
+      local earliest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+      return {-3, math.max(1, tonumber(earliest[2]) - now)}
+    end
+  end
+end
 local limit = tonumber(ARGV[1])
 local queued = redis.call('LLEN', KEYS[1])
 if limit > 0 and queued >= limit then return {0, queued} end
 local ahead = -1
 if ARGV[2] == '1' then
   ahead = queued
-  for i = 2, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
+  for i = 4, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
   local rate, item_s, batch_s, size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local n = #ARGV - 9
+  local n = #ARGV - FIRST_JOB + 1
   local k = math.min(size, ahead + n)
   local wait = math.max((ahead + n) / rate, item_s * k + batch_s) * tonumber(ARGV[8]) + tonumber(ARGV[9])
   if wait > tonumber(ARGV[3]) then return {-1, ahead} end
 end
-return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, 10)), ahead}
+if limited then
+  local deadline = tonumber(ARGV[16])
+  if tokens then
+    redis.call('HSET', KEYS[2], 'tokens', tokens - 1, 'ms', now)
+    redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[12]) * 1000 / tonumber(ARGV[11])) + 1000)  -- full again by then
+  end
+  if tonumber(ARGV[13]) > 0 then
+    redis.call('ZADD', KEYS[3], deadline, ARGV[15])
+    if redis.call('PTTL', KEYS[3]) < deadline - now then redis.call('PEXPIREAT', KEYS[3], deadline) end
+  end
+end
+return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, FIRST_JOB)), ahead}

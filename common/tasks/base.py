@@ -85,6 +85,11 @@ class Task(abc.ABC):
         """
         return [list(range(len(items)))]
 
+    def warmup_inputs(self) -> list[Inputs]:
+        """Example items the worker runs in every batch size before it registers, one per input width
+        worth warming (worker/warmup.py); default none: no warm-up."""
+        return []
+
     @abc.abstractmethod
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
         """The jobs' arrays -> one batch of feeds, named as the backend's inputs."""

@@ -45,6 +45,10 @@ class ImageClassification(Task):
         if pixels is None or pixels.dtype != np.uint8 or pixels.shape != (crop, crop, 3):
             raise BadInput(f"expected uint8 pixels of shape ({crop}, {crop}, 3)", code="bad_input")
 
+    def warmup_inputs(self) -> list[Inputs]:
+        crop = self.spec.config["preprocess"]["crop"]
+        return [{"pixels": np.zeros((crop, crop, 3), dtype=np.uint8)}]
+
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
         return {"pixels": np.stack([item["pixels"] for item in items])}
 

@@ -96,6 +96,11 @@ class TextEmbedding(Task):
     def run_cost_tokens(self) -> float:
         return float(self.spec.config.get("run_cost_tokens", RUN_COST_TOKENS))
 
+    def warmup_inputs(self) -> list[Inputs]:
+        """Texts of 16, 32, ... tokens up to the longest the model takes: a batch pads to its longest."""
+        lengths = [n for n in (16, 32, 64, 128, 256, 512) if n < self.max_tokens] + [self.max_tokens]
+        return [{"input_ids": np.ones(n, dtype=np.int32)} for n in lengths]
+
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
         """Pad to the longest text of this batch, not to a fixed length."""
         longest = max(len(item["input_ids"]) for item in items)

@@ -135,11 +135,12 @@ def target_stage(dockerfile: str, target: str | None) -> Stage:
 def setting_names() -> dict[str, set[str]]:
     """FUNNEL_* variables each tier reads: "FUNNEL_" + field name, upper-cased."""
     from funnel.common.settings import env_name
+    from funnel.web.grpc.settings import GrpcSettings
     from funnel.web.settings import WebSettings
     from funnel.worker.settings import WorkerSettings
 
     return {tier: {env_name(f.name) for f in dataclasses.fields(cls) if f.init}
-            for tier, cls in (("web", WebSettings), ("worker", WorkerSettings))}
+            for tier, cls in (("web", WebSettings), ("grpc", GrpcSettings), ("worker", WorkerSettings))}
 
 
 def k8s_documents() -> dict[str, list[dict]]:

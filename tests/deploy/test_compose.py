@@ -20,6 +20,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -73,7 +74,7 @@ def test_compose_config_validates(name):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
-    assert set(by_default(resolved["services"])) == {"redis", "web", "nginx", *WORKERS}
+    assert set(by_default(resolved["services"])) == {"redis", "web", "grpc", "nginx", *WORKERS}
     # What Compose resolved is what the smoke test below resolves for itself.
     ours = load_compose(name, env)["services"]
     for service, config in resolved["services"].items():
@@ -233,10 +234,17 @@ def test_cpu_file_is_the_gpu_file_on_the_cpu():
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_only_the_front_door_is_published(name):
-    """Clients reach the web tier through nginx, which renders funnel up's own template."""
+def test_only_the_front_door_and_grpc_are_published(name):
+    """Clients reach the web tier through nginx, which renders funnel up's own template; the gRPC
+    service, the web image's funnel-grpc with the web's settings, on its own port."""
     services = load_compose(name, CLEAN_ENV)["services"]
     assert "ports" not in services["web"]
+    grpc = services["grpc"]
+    assert grpc["command"] == ["funnel-grpc"] and grpc["image"] == services["web"]["image"]
+    assert grpc["build"] == services["web"]["build"]
+    assert grpc["ports"] == ["127.0.0.1:8001:8001"] and grpc["environment"]["FUNNEL_GRPC_PORT"] == "8001"
+    assert {k: v for k, v in grpc["environment"].items() if k != "FUNNEL_GRPC_PORT"} == services["web"]["environment"]
+    assert "8001" in " ".join(grpc["healthcheck"]["test"])
     assert services["nginx"]["ports"] == ["127.0.0.1:8000:8000"]
     assert services["nginx"]["depends_on"]["web"]["condition"] == "service_healthy"
     mounted = {v.split(":")[0]: v.split(":")[1] for v in services["nginx"]["volumes"]}
@@ -273,7 +281,8 @@ def test_every_funnel_variable_is_a_setting(name):
     names = setting_names()
     text = (ROOT / name).read_text()
     interpolated = {v for v in variables(text) if v.startswith("FUNNEL_")}
-    assert interpolated <= names["web"] | names["worker"], interpolated - names["web"] - names["worker"]
+    everyone = names["web"] | names["grpc"] | names["worker"]
+    assert interpolated <= everyone, interpolated - everyone
     for service, config in load_compose(name, CLEAN_ENV)["services"].items():
         if service == "nginx":  # not a Funnel tier: its FRONT_* fill the template (test above)
             continue
@@ -374,7 +383,7 @@ def run_healthcheck(script: Path, env: dict[str, str]) -> subprocess.CompletedPr
 
 
 def start_compose(services: dict, redis: LocalRedis, model_store: Path, processes: Processes,
-                  replicas: dict[str, int], web_port: int) -> dict[str, dict[str, str]]:
+                  replicas: dict[str, int], web_port: int, grpc_port: int = 0) -> dict[str, dict[str, str]]:
     envs = {}
     for name, service in by_default(services).items():
         if name == "redis":  # the local redis-server stands in for the image
@@ -382,7 +391,8 @@ def start_compose(services: dict, redis: LocalRedis, model_store: Path, processe
             continue
         if name == "nginx":  # the front door: funnel up's nginx is tested apart (tests/faults/test_slow_clients.py)
             continue
-        extra = {"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(web_port)} if name == "web" else {}
+        extra = {"FUNNEL_HOST": "127.0.0.1", "FUNNEL_PORT": str(web_port)} if name == "web" else \
+            {"FUNNEL_HOST": "127.0.0.1", "FUNNEL_GRPC_PORT": str(grpc_port or free_port())} if name == "grpc" else {}
         argv, env = service_process(name, service, redis.port, model_store, extra)
         envs[name] = env
         for i in range(replicas.get(name, 1)):
@@ -397,13 +407,13 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
     compose_env = {**CLEAN_ENV, "FUNNEL_DEVICES": "cpu", "FUNNEL_INTRA_OP_THREADS": "1",
                    "FUNNEL_PROCESSES": "1", "FUNNEL_THREADS": "16"}
     services = load_compose(name, compose_env)["services"]
-    web_port = free_port()
+    web_port, grpc_port = free_port(), free_port()
     url = f"http://127.0.0.1:{web_port}"
     processes = Processes(tmp_path)
     script = ROOT / "deploy" / "worker_healthcheck.py"  # the worker image's /app/healthcheck.py
     redis = LocalRedis().start()
     try:
-        envs = start_compose(services, redis, model_store, processes, {"worker-text": 2}, web_port)
+        envs = start_compose(services, redis, model_store, processes, {"worker-text": 2}, web_port, grpc_port)
         ready = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 2
                                   and len(m.get("image-classifier", [])) == 1 else None)(listing(url)),
                          180, 0.1, "2 live text workers and 1 image worker in /v1/models",
@@ -431,13 +441,21 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
                 break
         assert served == text_workers
 
+        # The gRPC service, through tritonclient's gRPC client as a user calls it.
+        grpcclient = pytest.importorskip("tritonclient.grpc")
+        wait_for(lambda: port_open(grpc_port), 60, 0.1, "the gRPC service listening", check=processes.check_alive)
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as triton:
+            sentence = grpcclient.InferInput("TEXT", [1], "BYTES")
+            sentence.set_data_from_numpy(np.array([b"A man is eating food."], dtype=object))
+            assert triton.infer("text-embedding", [sentence]).as_numpy("embedding").shape == (1, 384)
+
         # The worker image's HEALTHCHECK (the k8s exec probe): healthy with a worker on this host.
         checked = run_healthcheck(script, envs["worker-text"])
         assert checked.returncode == 0, checked.stderr
     finally:
         codes = processes.stop()
     try:
-        assert all(code == 0 for label, code in codes.items() if label.startswith("worker")), codes
+        assert all(code == 0 for label, code in codes.items() if label.startswith(("worker", "grpc"))), codes
         # Stopped workers deregister: the probe now fails.
         checked = run_healthcheck(script, envs["worker-text"])
         assert checked.returncode != 0 and "no heartbeat" in checked.stderr + checked.stdout

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from funnel.common.keys import Keys
@@ -42,7 +43,7 @@ from tests.faults.conftest import wait_for
 COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"
 WORKER_IMAGE = "funnel-test/worker:cpu"
-SERVICES = ("redis", "web", "nginx", "worker-image", "worker-text")
+SERVICES = ("redis", "web", "grpc", "nginx", "worker-image", "worker-text")
 BUILD_TIMEOUT_S = 1500  # cold, on 2 cores: about 9 minutes (docs/deployment.md)
 WHEEL_PORT = int(os.environ.get("FUNNEL_TEST_WHEEL_PORT", "38765"))
 CAT_LABELS = ("egyptian cat", "tabby", "tiger cat")
@@ -236,6 +237,7 @@ def stack():
         "CUDA_IMAGE": bases["PYTHON_IMAGE"],  # not built for the cpu target; never pulled
         "WEB_IMAGE": WEB_IMAGE, "WORKER_IMAGE": WORKER_IMAGE,
         "WEB_BIND": "127.0.0.1", "WEB_PORT": str(free_port()),
+        "GRPC_BIND": "127.0.0.1", "GRPC_PORT": str(free_port()),
         "BUILD_NETWORK": "host",  # the build reaches the wheel server on 127.0.0.1
         "DOCKER_BUILDKIT": "0",  # the classic builder: no frontend image to pull
         # Two cores: one backend thread per worker, a small web.
@@ -292,9 +294,9 @@ def test_images_run_as_uid_10001_with_healthchecks(stack):
         # Ports are published on the loopback only.
         for bindings in (c["HostConfig"].get("PortBindings") or {}).values():
             assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}, c["Name"]
-    # Only the front door is published; the web tier is reached through nginx.
+    # Only the front door and the gRPC service are published; the web tier is reached through nginx.
     published = {c["Name"] for c in stack.containers() if c["HostConfig"].get("PortBindings")}
-    assert published and all("nginx" in name for name in published), published
+    assert published and all("nginx" in name or "grpc" in name for name in published), published
     # The project is installed in the image, not on PYTHONPATH: its console scripts run.
     assert "funnel-worker" in stack.exec("worker-text", "sh", "-c", "command -v funnel-worker")
 
@@ -314,9 +316,19 @@ def test_page_cat_and_sentence(stack, cat_jpeg):
     assert len(body["embedding"]) == 384
 
 
+def test_grpc_service_answers(stack):
+    """The grpc service (the web image's funnel-grpc) on its published port, through tritonclient."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{stack.env['GRPC_PORT']}") as triton:
+        assert triton.is_server_ready()
+        sentence = grpcclient.InferInput("TEXT", [1], "BYTES")
+        sentence.set_data_from_numpy(np.array([b"A man is eating food."], dtype=object))
+        assert triton.infer("text-embedding", [sentence]).as_numpy("embedding").shape == (1, 384)
+
+
 def test_three_text_workers_share_the_queue(stack):
     stack.run("up", "-d", "--no-build", "--no-recreate", "--scale", "worker-text=3", timeout=180)
-    stack.wait_healthy(240, {"redis": 1, "web": 1, "nginx": 1, "worker-image": 1, "worker-text": 3})
+    stack.wait_healthy(240, {"redis": 1, "web": 1, "grpc": 1, "nginx": 1, "worker-image": 1, "worker-text": 3})
     live = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 3 else None)(
         listing(stack.url)), 120, 0.25, "3 text workers in /v1/models", detail=stack.logs)
     ids = {w["id"] for w in live["text-embedding"]}

@@ -329,14 +329,14 @@ def test_keda_list_names_are_the_queue_keys(model_store):
 def test_every_funnel_variable_is_a_setting():
     names = setting_names()
     for name, deployment in of_kind("Deployment").items():
-        kind = "worker" if name in workers() else "web"
+        kind = "worker" if name in workers() else "grpc" if name == "funnel-grpc" else "web"
         for container in containers(deployment):
             funnel = {n for n in env_of(container) if n.startswith("FUNNEL_")}
             assert funnel <= names[kind], (name, funnel - names[kind])
     # Variables mentioned anywhere else under deploy/k8s too (comments included).
     for path in K8S.glob("*.yaml"):
         for var in re.findall(r"FUNNEL_[A-Z0-9_]+", path.read_text()):
-            assert var in names["web"] | names["worker"], (path.name, var)
+            assert var in names["web"] | names["grpc"] | names["worker"], (path.name, var)
 
 
 def test_workers_have_a_gpu_and_the_images_healthcheck():
@@ -355,7 +355,8 @@ def test_workers_have_a_gpu_and_the_images_healthcheck():
 
 
 def test_web_service_probes_and_redis_secret():
-    (web,) = [d for n, d in of_kind("Deployment").items() if n not in workers()]
+    assert set(of_kind("Deployment")) - set(workers()) == {"funnel-web", "funnel-grpc"}
+    web = of_kind("Deployment")["funnel-web"]
     (container,) = containers(web)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": int(target_stage("deploy/Dockerfile.web", None).env["FUNNEL_PORT"])}
@@ -363,7 +364,8 @@ def test_web_service_probes_and_redis_secret():
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     pod_labels = web["spec"]["template"]["metadata"]["labels"]
     assert web["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    (service,) = of_kind("Service").values()
+    assert set(of_kind("Service")) == {"funnel-web", "funnel-grpc"}
+    service = of_kind("Service")["funnel-web"]
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
@@ -384,6 +386,31 @@ def test_web_service_probes_and_redis_secret():
         for ref in auth["spec"]["secretTargetRef"]:
             assert ref["name"] == secret["metadata"]["name"] and ref["key"] in keys
     assert secret["stringData"]["url"].startswith(("redis://", "rediss://"))
+
+
+def test_grpc_service_runs_the_web_image_on_its_port():
+    """funnel-grpc: the web image's other console script, on FUNNEL_GRPC_PORT, exposed as gRPC."""
+    from funnel.web.grpc.settings import GrpcSettings
+
+    grpc = of_kind("Deployment")["funnel-grpc"]
+    (container,) = containers(grpc)
+    assert container["image"] == containers(of_kind("Deployment")["funnel-web"])[0]["image"]
+    assert container["command"] == ["funnel-grpc"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GrpcSettings.grpc_port}
+    assert env_of(container)["FUNNEL_GRPC_PORT"]["value"] == str(GrpcSettings.grpc_port)
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["tcpSocket"] == {"port": "grpc"}
+    pod_labels = grpc["spec"]["template"]["metadata"]["labels"]
+    service = of_kind("Service")["funnel-grpc"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert (port["targetPort"], port["appProtocol"]) == ("grpc", "grpc")
+    assert of_kind("PodDisruptionBudget")["funnel-grpc"]["spec"]["selector"]["matchLabels"].items() \
+        <= pod_labels.items()
+    # The pod stops within its grace: the preStop pause, then the drain of a whole request deadline.
+    timeout_s = float(env_of(container)["FUNNEL_REQUEST_TIMEOUT_S"]["value"])
+    assert grpc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 5 + timeout_s + 5
 
 
 def test_kustomization_lists_every_manifest():

@@ -1,8 +1,17 @@
-"""Workers killed with SIGKILL or stopped with SIGTERM mid-batch: no request lost, none answered twice."""
+"""Workers killed with SIGKILL or stopped with SIGTERM mid-batch: no request lost, none answered twice.
+
+The worker is a pipeline (worker/main.py: the next batch is taken and
+collated, and the last one answered, while one runs), so the kills are also
+timed inside each of its stages, with several batches in flight at once:
+FUNNEL_TEST_HOLD (worker/hold.py) holds the first batch at the end of one
+stage until the test has signalled.
+"""
 
 import signal
 import threading
 
+import numpy as np
+import pytest
 import redis
 
 from funnel.scripts.stack import Stack
@@ -17,6 +26,7 @@ from tests.faults.conftest import (
     freeze_holding_jobs,
     load_running,
     paced_expected,
+    send,
     send_vectors,
     stray_replies,
     texts,
@@ -121,3 +131,98 @@ def test_sigterm_mid_batch_answers_the_batch_and_exits_0(paced_store, tmp_path, 
     report(outcome, stray)
     assert_each_answered_once(outcome, len(batch), stray)
     assert not registered  # deregistered on the way out
+
+
+# The pipelined worker's stages, and what its in-flight list holds once its second batch is held at
+# the end of each, QUICK_JOBS queued in batches of QUICK_BATCH: the first batch has been answered
+# (its reply forgot its own jobs only), and the batches behind the held one fill the pipeline up to
+# where it waits (held in take or collate: that batch alone; in run: it, and the next one collated;
+# in reply: it, one run and handed over, one run and waiting to be handed over, one collated).
+QUICK = "quick-score"
+QUICK_BATCH, QUICK_JOBS = 8, 48
+IN_FLIGHT_WHEN_HELD = {"take": 8, "collate": 8, "run": 16, "reply": 32}
+
+
+@pytest.fixture(scope="module")
+def quick_store(tmp_path_factory):
+    """A store holding QUICK: the toy scorer (no pacing) in batches of QUICK_BATCH."""
+    store = tmp_path_factory.mktemp("quick-store")
+    done = toy_model.add_toy(store, tmp_path_factory.mktemp("quick"), QUICK, "toyscore.tasks:VectorScore",
+                             "--batch-size", str(QUICK_BATCH))
+    assert done.returncode == 0, done.stderr
+    return store
+
+
+def send_quick(stack, batch, expected, outcome, clients, progress):
+    send(stack, QUICK, batch, lambda vector: {"input": vector},
+         lambda vector, body: np.allclose(body["scores"], expected[tuple(vector)], atol=1e-5),
+         outcome, clients, progress)
+
+
+def quick_stack(quick_store, tmp_path) -> Stack:
+    """No worker yet: requests are held in QUICK's queue until one starts."""
+    return Stack(model_store=quick_store, models=[QUICK], workers=[], log_dir=tmp_path,
+                 worker_env={**PACED_ENV, **FAST_HEARTBEAT},
+                 web_env={**PACED_ENV, "FUNNEL_HOLD_WITHOUT_WORKERS": "1", "FUNNEL_REQUEST_TIMEOUT_S": "30"})
+
+
+def in_flight(client, worker_id: str) -> int:
+    return client.llen(f"funnel:inflight:{{{QUICK}}}:{worker_id}")
+
+
+def held_in(stack, client, stage: str, worker_id: str, marker, answered: threading.Semaphore):
+    """Start a worker that holds its second batch at the end of `stage`, once all QUICK_JOBS are queued;
+    return it once it is there, its first batch is answered, and the batches behind have filled the
+    pipeline."""
+    wait_for(lambda: client.llen(f"funnel:queue:{{{QUICK}}}:1") == QUICK_JOBS, what="all jobs queued")
+    worker = stack.start_worker(QUICK, FUNNEL_WORKER_ID=worker_id, FUNNEL_TEST_HOLD=f"{stage}:2:{marker}")
+    wait_for(marker.exists, what=f"the worker held in {stage}", check=still_running(worker))
+    for _ in range(QUICK_BATCH):
+        assert answered.acquire(timeout=10), "the first batch was not answered"
+    wait_for(lambda: in_flight(client, worker_id) == IN_FLIGHT_WHEN_HELD[stage],
+             what=f"{IN_FLIGHT_WHEN_HELD[stage]} jobs in flight", check=still_running(worker))
+    return worker
+
+
+@pytest.mark.parametrize("stage", list(IN_FLIGHT_WHEN_HELD))
+def test_kill_inside_each_stage_of_the_pipeline(quick_store, tmp_path, report, stage):
+    batch = toy_model.vectors(QUICK_JOBS, seed=5)
+    with quick_stack(quick_store, tmp_path) as stack:
+        client = redis.Redis.from_url(stack.redis_url)
+        answered = threading.Semaphore(0)
+        with load_running(stack, batch, paced_expected(batch), QUICK_JOBS, timeout_s=60,
+                          sender=send_quick, progress=answered) as outcome:
+            victim = held_in(stack, client, stage, "victim", tmp_path / "held", answered)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            assert outcome.sent == QUICK_BATCH  # the first batch alone answered before the kill
+            stack.start_worker(QUICK, FUNNEL_WORKER_ID="replacement")
+        stray = stray_replies(client, stack)
+        recovered = wait_for(lambda: int(worker_info(client, "replacement", QUICK)["recovered"]), what="count")
+    report(outcome, stray)
+    assert_each_answered_once(outcome, len(batch), stray)
+    assert recovered == IN_FLIGHT_WHEN_HELD[stage]
+
+
+def test_sigterm_with_a_batch_in_every_stage_answers_all_it_took(quick_store, tmp_path, report):
+    """Held in reply, the worker holds four batches (one in each place of the pipeline); SIGTERM: it
+    answers all four, takes no more, and exits 0; another worker answers the rest."""
+    batch = toy_model.vectors(QUICK_JOBS, seed=6)
+    held = IN_FLIGHT_WHEN_HELD["reply"]
+    with quick_stack(quick_store, tmp_path) as stack:
+        client = redis.Redis.from_url(stack.redis_url)
+        answered = threading.Semaphore(0)
+        with load_running(stack, batch, paced_expected(batch), QUICK_JOBS, timeout_s=60, sender=send_quick,
+                          progress=answered) as outcome:
+            worker = held_in(stack, client, "reply", "graceful", tmp_path / "held", answered)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=15) == 0
+            for _ in range(held):  # every job it held is answered...
+                assert answered.acquire(timeout=10)
+            assert in_flight(client, "graceful") == 0
+            left = QUICK_JOBS - QUICK_BATCH - held
+            assert client.llen(f"funnel:queue:{{{QUICK}}}:1") == left  # ...and no other taken
+            stack.start_worker(QUICK, FUNNEL_WORKER_ID="next")
+        stray = stray_replies(client, stack)
+    report(outcome, stray)
+    assert_each_answered_once(outcome, len(batch), stray)

@@ -158,6 +158,15 @@ def test_real_answers_match_the_documented_schemas(api_schema, cat_jpeg):
     assert validate(api_schema, "GET /healthz", headers={}) == 200
     assert validate(api_schema, PREDICT, "text-embedding", body={"text": "x"},
                     media_type="application/json", headers={"Authorization": "Bearer wrong"}) == 401
+    embeddings = "POST /v1/embeddings"  # OpenAI's shapes (tests/integration/test_openai_embeddings.py)
+    for body, status in (({"model": "text-embedding", "input": ["one", "two"]}, 200),
+                         ({"model": "text-embedding", "input": "x", "encoding_format": "base64"}, 200),
+                         ({"model": "text-embedding", "input": [101, 102]}, 400),
+                         ({"model": "image-classifier", "input": "x"}, 400),
+                         ({"model": "no-such-model", "input": "x"}, 404)):
+        assert validate(api_schema, embeddings, body=body, media_type="application/json") == status, body
+    assert validate(api_schema, embeddings, body={"model": "text-embedding", "input": "x"},
+                    media_type="application/json", headers={"Authorization": "Bearer wrong"}) == 401
 
 
 def test_overload_and_deadline_answers_match_the_documented_schemas(model_store, tmp_path):

@@ -12,7 +12,7 @@ from funnel.common import lua_scripts, registry
 from funnel.common.errors import BadInput, Overloaded, Unavailable
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
-from funnel.web.queueing import shedding
+from funnel.web.queueing import push_script, shedding
 from funnel.web.queueing.shedding import WorkerView, capacity, request_timeout, retry_after_s
 from funnel.web.settings import WebSettings
 from funnel.worker.stats import Stats
@@ -163,8 +163,8 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
             redis_client.lpush(keys.queue(MODEL), *[b"x"] * ahead)
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
-            args = [0, 1, budget, *cap.script_args(), b"j1", b"j2"]
-            outcome, *_ = push(keys=[keys.queue(MODEL), keys.inflight(MODEL, "w1")], args=args)
+            args = push_script.args_of(0, cap.script_args(), budget, None, 0, "t", 0, [b"j1", b"j2"])
+            outcome, *_ = push(keys=push_script.keys_of(keys, MODEL, 1, push_script.UNLIMITED, ["w1"]), args=args)
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:
                 redis_client.ltrim(keys.queue(MODEL), 2, -1)

@@ -87,13 +87,10 @@ def read_input(spec: Any, binary: memoryview) -> tuple[Tensor, int]:
     """One input, and how many bytes of the binary part it used."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise bad('each input is an object with a "name"')
-    name, datatype, shape = spec["name"], spec.get("datatype"), spec.get("shape")
-    if datatype != "BYTES" and datatype not in DATATYPES:
-        raise bad(f"input {name!r}: unknown datatype {datatype!r}")
-    if (not isinstance(shape, list) or not 0 < len(shape) <= MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise bad(f"input {name!r}: shape must be a list of 1 to {MAX_DIMS} non-negative integers")
-    count = math.prod(shape)
+    name = spec["name"]
+    count = element_count(name, spec.get("datatype"), spec.get("shape"))
+    datatype: str = spec["datatype"]  # both known sound now
+    shape: list[int] = spec["shape"]
     parameters = spec.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
     if size is not None:
@@ -104,6 +101,17 @@ def read_input(spec: Any, binary: memoryview) -> tuple[Tensor, int]:
     if "data" not in spec:
         raise bad(f"input {name!r} has neither data nor binary_data_size")
     return Tensor(name, datatype, shape, from_json(name, datatype, count, spec["data"])), 0
+
+
+def element_count(name: str, datatype: Any, shape: Any) -> int:
+    """How many elements a declared input holds, once its datatype and shape are known to be sound
+    (HTTP's JSON header and gRPC's message alike)."""
+    if datatype != "BYTES" and datatype not in DATATYPES:
+        raise bad(f"input {name!r}: unknown datatype {datatype!r}")
+    if (not isinstance(shape, list) or not 0 < len(shape) <= MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise bad(f"input {name!r}: shape must be a list of 1 to {MAX_DIMS} non-negative integers")
+    return math.prod(shape)
 
 
 def from_binary(name: str, datatype: str, count: int, raw: memoryview) -> np.ndarray | list[bytes]:

@@ -163,9 +163,23 @@ def error_response(message: str, status: int) -> Response:
     return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
 
 
+def models_without_workers(pipeline: Pipeline) -> list[str]:
+    """The served models no live worker serves (the server is ready when there are none)."""
+    workers = live_workers(pipeline.client, pipeline.keys)
+    return sorted(name for name in pipeline.catalog.names() if not registry.versions_live(workers, name))
+
+
+def model_live(pipeline: Pipeline, name: str, model_version: str | None) -> bool:
+    """Whether a live worker serves the model (that version, if one is named); 404 for a model or
+    version not served."""
+    pipeline.resolve(name, model_version)
+    live = registry.versions_live(live_workers(pipeline.client, pipeline.keys), name)
+    return bool(live) and (model_version is None or int(model_version) in live)
+
+
 def install_probes(v2: Blueprint, pipeline: Pipeline) -> None:
     """Server metadata, liveness and readiness, model metadata and readiness."""
-    catalog, client, keys = pipeline.catalog, pipeline.client, pipeline.keys
+    catalog = pipeline.catalog
 
     @v2.get("")
     def server_metadata():
@@ -177,8 +191,7 @@ def install_probes(v2: Blueprint, pipeline: Pipeline) -> None:
 
     @v2.get("/health/ready")
     def ready():
-        workers = live_workers(client, keys)
-        missing = [name for name in catalog.names() if not registry.versions_live(workers, name)]
+        missing = models_without_workers(pipeline)
         if missing:
             return error_response(f"no live worker for {', '.join(sorted(missing))}", 503)
         return {"ready": True}
@@ -191,9 +204,7 @@ def install_probes(v2: Blueprint, pipeline: Pipeline) -> None:
     @v2.get("/models/<name>/ready")
     @v2.get("/models/<name>/versions/<model_version>/ready")
     def model_ready(name: str, model_version: str | None = None):
-        pipeline.resolve(name, model_version)
-        live = registry.versions_live(live_workers(client, keys), name)
-        if not live or (model_version is not None and int(model_version) not in live):
+        if not model_live(pipeline, name, model_version):
             return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
                                                                     else ""), 503)
         return {"name": name, "ready": True}

@@ -2,6 +2,7 @@
 
     POST /v1/models/<name>[/versions/<v>]/predict         protocols/v1.py  } the body read here, the API
     POST /v2/models/<name>[/versions/<v>]/infer           protocols/v2.py  } key checked, then web/pipeline.py
+    POST /v1/embeddings (the model named in the body)     protocols/openai.py }
     POST /v1/models/<name>/predict asking for a job       Flask: protocols/jobs.py (Prefer: respond-async,
                                                           or a Webhook-URL)
     everything else (the page, listings, jobs, probes,    Flask (web/app.py), through a2wsgi's threads
@@ -26,7 +27,7 @@ from werkzeug.wrappers import Request
 
 from funnel.web import auth, metrics
 from funnel.web.pipeline import Adapter, Pipeline
-from funnel.web.protocols import v1, v2
+from funnel.web.protocols import openai, v1, v2
 from funnel.web.protocols.jobs import WEBHOOK_HEADER, wants_async
 from funnel.web.settings import WebSettings
 
@@ -58,7 +59,9 @@ class Front:
         self.flask = WSGIMiddleware(_input_terminated(flask_app), workers=settings.threads)
         self.pipeline, self.settings = pipeline, settings
         self.v1 = v1.V1(settings.max_items)
-        self.routes: list[tuple[re.Pattern, Adapter]] = [(v1.PATH, self.v1), (v2.PATH, v2.V2(settings.max_items))]
+        self.openai = openai.OpenAIEmbeddings(settings.max_items)
+        self.routes: list[tuple[re.Pattern, Adapter]] = [(v1.PATH, self.v1), (v2.PATH, v2.V2(settings.max_items)),
+                                                         (openai.PATH, self.openai)]
         self.max_body = int(settings.max_body_mb * 1024 * 1024)
 
     async def __call__(self, scope: Any, receive, send) -> None:
@@ -81,12 +84,14 @@ class Front:
             keys = self.settings.api_keys
             if keys and not auth.authorized(environ.get("HTTP_AUTHORIZATION", ""), keys):
                 raise auth.Unauthorized()
+            if adapter is self.openai:  # its model is named in the body, not the path
+                params = {"name": self.openai.model_of(request)}
         except Exception as exc:
             status, data, headers = adapter.render_error(exc, request)
         else:
             status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
                                                                params.get("version"))
-        name = params["name"] if self.pipeline.catalog.versions(params["name"]) else "unknown"
+        name = params["name"] if self.pipeline.catalog.versions(params.get("name", "")) else "unknown"
         metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers = [("Content-Type", "application/json"), *headers]

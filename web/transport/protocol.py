@@ -18,6 +18,9 @@ from uvicorn_worker import UvicornWorker
 
 HEAD_LIMIT = 64 * 1024  # request line and headers, as nginx's large_client_header_buffers allow at most
 HEAD_TIMEOUT_S = 10.0  # a request's head must arrive whole this soon after its first byte (or the connection)
+# The scope's list of callbacks run when the client leaves before its response is complete (a predict
+# waiting for its answer stops waiting, and its jobs are marked so that no worker runs them).
+ON_LEAVE = "funnel.on_leave"
 
 
 class Protocol(HttpToolsProtocol):
@@ -59,6 +62,7 @@ class Protocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._stop_head()
+        self.scope[ON_LEAVE] = []  # type: ignore[literal-required]  # before the app's task starts
         super().on_headers_complete()
         self.cycle.transport = self._writes  # type: ignore[assignment]  # the response's writes, coalesced
 
@@ -68,7 +72,11 @@ class Protocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:  # the client left before its answer
+            for callback in cycle.scope.get(ON_LEAVE, ()):  # type: ignore[attr-defined]
+                callback()
 
     def _count(self, size: int) -> None:
         self._head_bytes += size

@@ -1,0 +1,62 @@
+"""The job ledger the failover and chaos scenarios keep, read back: what the web and worker processes did.
+
+The processes record it themselves (benchmarks/failover_ledger/sitecustomize.py,
+on their PYTHONPATH through `environment`): one file per process and kind,
+one line per job id, `<id> <epoch seconds>` (a ledger from before the times
+has the id alone). `read` sums them up.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import ROOT
+
+LEDGER_PATH = ROOT / "benchmarks" / "failover_ledger"
+
+
+def environment(folder: Path) -> dict[str, str]:
+    """The variables a web or worker process needs to keep the ledger in `folder`."""
+    path = os.pathsep.join(p for p in (str(LEDGER_PATH), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "FAILOVER_LEDGER": str(folder)}
+
+
+@dataclass
+class Ledger:
+    queued: dict[str, float] = field(default_factory=dict)   # job id -> when Redis acknowledged its push
+    answered: collections.Counter = field(default_factory=collections.Counter)  # job id -> answers acknowledged
+    answered_at: dict[str, list[float]] = field(default_factory=dict)
+    answered_by: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # job id -> (pid, when)
+    expired: dict[str, float] = field(default_factory=dict)  # taken past its deadline, dropped unrun
+
+    @property
+    def lost(self) -> set[str]:
+        """Jobs Redis acknowledged that no worker answered, nor dropped as expired."""
+        return set(self.queued) - set(self.answered) - set(self.expired)
+
+    @property
+    def answered_twice(self) -> list[str]:
+        return [job_id for job_id, n in self.answered.items() if n > 1]
+
+
+def read(folder: Path) -> Ledger:
+    ledger = Ledger()
+    for path in sorted(folder.iterdir()):
+        kind, _, pid = path.name.partition("-")
+        for line in path.read_text().splitlines():
+            job_id, _, stamp = line.partition(" ")
+            if not job_id:
+                continue
+            at = float(stamp) if stamp else 0.0
+            if kind == "queued":
+                ledger.queued[job_id] = at
+            elif kind == "answered":
+                ledger.answered[job_id] += 1
+                ledger.answered_at.setdefault(job_id, []).append(at)
+                ledger.answered_by.setdefault(job_id, []).append((int(pid) if pid.isdigit() else 0, at))
+            elif kind == "expired":
+                ledger.expired.setdefault(job_id, at)
+    return ledger

@@ -1,0 +1,5 @@
+import sys
+
+from funnel.web.grpc.server import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""GRPCInferenceService: the Open Inference Protocol's RPCs, answered through web/pipeline.py.
+
+    ServerLive, ServerReady          open, as /v2/health is (ready: every model has a live worker, and the
+                                     process is not stopping)
+    ServerMetadata, ModelMetadata    what GET /v2 and GET /v2/models/<name> say
+    ModelReady                       whether a live worker serves the model (version)
+    ModelInfer                       Pipeline.infer with this module's parser, rendered as /v2 renders
+                                     (protocols/v2.py), in raw_output_contents
+
+Every other RPC needs an API key where FUNNEL_API_KEYS is set, in the call's
+`authorization` metadata (`Bearer <key>`). A failure is the protocol's status
+code (STATUS below), with /v1's message; a 503's Retry-After travels in the
+trailing metadata `retry-after`. A deadline the client sets is the request's
+deadline, never past FUNNEL_REQUEST_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import redis
+
+from funnel.common.errors import BadInput, FunnelError, Unavailable
+from funnel.common.tasks import Task
+from funnel.web import auth, errors
+from funnel.web.grpc import open_inference_pb2 as pb
+from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
+from funnel.web.grpc.messages import infer_response, outputs_header, read_inputs
+from funnel.web.pipeline import Pipeline, Work
+from funnel.web.protocols import v2
+
+log = logging.getLogger("funnel.web.grpc")
+
+# HTTP statuses Funnel's errors carry, as the gRPC codes that mean the same (gRPC's own HTTP mapping).
+STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+          413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT,
+          503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+Answer = TypeVar("Answer")
+
+
+class InferParser:
+    """ModelInferRequest -> the pipeline's Work, as /v2's adapter reads its JSON (protocols/v2.py)."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+
+    def parse(self, task: Task, request: pb.ModelInferRequest) -> Work:
+        # Counted before any is read: a huge repeated field costs no more than receiving it did.
+        inputs, outputs = 1 + len(v2.fixed_inputs(task)), len(task.output_shapes())
+        if len(request.inputs) > inputs or len(request.outputs) > outputs:
+            raise BadInput(f"{len(request.inputs)} inputs and {len(request.outputs)} outputs; {task.spec.name} "
+                           f"takes at most {inputs} and gives {outputs}", code="bad_tensor")
+        wanted = v2.requested_outputs(task, outputs_header(request))
+        work = v2.items_of(task, read_inputs(request, self.max_items), self.max_items)
+        work.context = {"wanted": wanted}
+        return work
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """A failure as the call's status code, message and trailing metadata."""
+    if isinstance(exc, redis.RedisError):
+        exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
+    if isinstance(exc, FunnelError):
+        retry = (("retry-after", errors.retry_after(exc)),) if exc.status == 503 else ()
+        return STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message, retry
+    log.exception("gRPC call failed", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal error (the server's log has the details)", ()
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+        self.settings = pipeline.settings
+        self.parser = InferParser(self.settings.max_items)
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.draining = False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new calls with UNAVAILABLE (the status clients retry, on the process that replaces
+        this one) and wait, up to timeout_s, until the calls in flight are answered: once drained,
+        whatever gRPC's own stop cancels was never queued."""
+        self.draining = True
+        if self.in_flight:
+            self.idle.clear()
+            try:
+                await asyncio.wait_for(self.idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("stopping with %d calls still in flight", self.in_flight)
+
+    async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Answer]]) -> Answer:
+        """answer()'s result, once the call's key is checked; or the call ended with the status its
+        failure maps to."""
+        self.in_flight += 1
+        try:
+            if self.draining:
+                raise Unavailable("this server is stopping; call again")
+            self._authorize(context)
+            return await answer()
+        except Exception as exc:  # every failure is a status, never a traceback to the client
+            code, message, trailing = status_of(exc)
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self.idle.set()
+        await context.abort(code, message, trailing_metadata=trailing)
+        raise AssertionError("abort() raises")  # for the type checker: abort never returns
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        keys = self.settings.api_keys
+        if keys:
+            given = next((str(v) for k, v in context.invocation_metadata() or () if k == "authorization"), "")
+            if not auth.authorized(given, keys):
+                raise auth.Unauthorized()
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        if self.draining:  # stopping: send calls elsewhere
+            return pb.ServerReadyResponse(ready=False)
+        try:
+            missing = await asyncio.to_thread(v2.models_without_workers, self.pipeline)
+        except redis.RedisError:
+            missing = ["redis"]
+        return pb.ServerReadyResponse(ready=not missing)
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        async def answer():
+            return pb.ServerMetadataResponse(name="funnel", version=v2.server_version(), extensions=v2.EXTENSIONS)
+        return await self._answer(context, answer)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+        async def answer():
+            task = self.pipeline.resolve(request.name, request.version or None)
+            meta = v2.metadata(task, sorted(self.pipeline.catalog.versions(request.name)))
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["inputs"]],
+                outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["outputs"]])
+        return await self._answer(context, answer)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        async def answer():
+            live = await asyncio.to_thread(v2.model_live, self.pipeline, request.name, request.version or None)
+            return pb.ModelReadyResponse(ready=live)
+        return await self._answer(context, answer)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        async def answer():
+            task, work, replies = await self.pipeline.infer(self.parser, request, request.model_name,
+                                                            request.model_version or None,
+                                                            lambda: self._timeout_s(context))
+            outputs, chunks = v2.outputs_of(task, work.context["wanted"], replies)
+            return infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
+        return await self._answer(context, answer)
+
+    def _timeout_s(self, context: grpc.aio.ServicerContext) -> float:
+        """The call's deadline, if the client set one, capped by FUNNEL_REQUEST_TIMEOUT_S."""
+        remaining = context.time_remaining()
+        cap = self.settings.request_timeout_s
+        return cap if remaining is None else max(0.001, min(remaining, cap))

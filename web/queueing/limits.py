@@ -1,0 +1,70 @@
+"""Per API key limits: a rate (requests per second, with a burst) and a cap on requests under way,
+on each model, enforced across every web process by the push script (common/lua/push.lua).
+
+FUNNEL_KEY_LIMITS names them by key label (FUNNEL_API_KEYS' `label=KEY`), as
+JSON, or `@path` to a JSON file; "*" applies to every key not listed:
+
+    {"alice": {"rate": 20, "burst": 40, "concurrency": 8},
+     "*":     {"rate": 5}}
+
+Never from a request. A key past its rate, or with `concurrency` requests
+under way, is answered 429 with Retry-After. Limits are per model, as each
+model's workers are a capacity of their own: a key limited to 5 requests per
+second may send 5 to each model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+ANY_KEY = "*"
+FIELDS = ("rate", "burst", "concurrency")
+
+
+@dataclass(frozen=True)
+class Limit:
+    rate: float = 0.0  # requests per second (0: none)
+    burst: float = 0.0  # requests at once from a full bucket (default: one second's rate, at least 1)
+    concurrency: int = 0  # requests under way at most (0: no cap)
+
+    def script_args(self) -> list[float | int]:
+        """push.lua's ARGV[11..13]."""
+        return [self.rate, self.burst or max(1.0, self.rate), self.concurrency]
+
+
+def parse(text: str) -> dict[str, Limit]:
+    """FUNNEL_KEY_LIMITS (JSON, or @path to a JSON file) -> label -> Limit; ValueError saying what is wrong."""
+    if not text.strip():
+        return {}
+    source = "FUNNEL_KEY_LIMITS"
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise ValueError(f"FUNNEL_KEY_LIMITS: cannot read {source}: {exc.strerror}") from None
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{source}: a JSON object of key label -> limits")
+    limits = {}
+    for label, fields in given.items():
+        if not isinstance(fields, dict) or set(fields) - set(FIELDS):
+            raise ValueError(f"{source}: {label!r} takes an object of {', '.join(FIELDS)}")
+        values = {name: fields.get(name, 0) for name in FIELDS}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values.values()):
+            raise ValueError(f"{source}: {label!r}'s limits must be numbers >= 0")
+        if not float(values["concurrency"]).is_integer():
+            raise ValueError(f"{source}: {label!r}'s concurrency must be a whole number")
+        limits[label] = Limit(float(values["rate"]), float(values["burst"]), int(values["concurrency"]))
+    return limits
+
+
+def of(limits: dict[str, Limit], label: str) -> Limit | None:
+    """The limits of the key with this label (None: not limited)."""
+    found = limits.get(label) or limits.get(ANY_KEY)
+    return found if found and (found.rate or found.concurrency) else None

@@ -1,0 +1,136 @@
+"""The worker loop's steps, each on one batch: take and collate, run, reply.
+
+worker/main.py runs them on three threads at once, each on a different
+batch; everything a step needs besides its batch is here.
+
+While a batch runs, the next one is taken as late as still lets it be ready
+when the run ends (the run's expected time, fitted to the batches run so
+far, less what taking and collating took lately, less LEAD_S): jobs that
+arrive meanwhile join it, where a take at the run's start would leave them
+to the linger's polls or to the batch after.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from funnel.common.keys import Keys
+from funnel.common.tasks import Task
+from funnel.worker import batch as batching
+from funnel.worker.backend import Backend
+from funnel.worker.hold import Hold
+from funnel.worker.linger import CostModel, Linger
+from funnel.worker.queue import JobQueue
+from funnel.worker.reply import answer
+from funnel.worker.settings import WorkerSettings
+from funnel.worker.stats import Stats
+
+log = logging.getLogger("funnel.worker")
+batch_log = logging.getLogger("funnel.worker.batch")
+
+BLOCK_S = 1.0  # longest idle wait, so a stop request is seen within a second
+# A Sentinel failover ends within seconds: a worker asleep longer than this after it adds to
+# every waiting request, and two tries a second cost a Redis that is down nothing.
+MAX_BACKOFF_S = 0.5
+LEAD_S = 0.0005  # a late take's margin for waking up and handing its batch over
+
+
+@dataclass
+class Steps:
+    settings: WorkerSettings
+    model: str
+    version: int
+    task: Task
+    backend: Backend
+    client: redis.Redis
+    keys: Keys
+    queue: JobQueue
+    linger: Linger
+    stats: Stats
+    stop: threading.Event
+    batch_size: int
+    hold: Hold
+    run_cost: CostModel = field(default_factory=CostModel)  # a run's seconds by its items, fed by reply
+    run_fit: tuple[float, float] = (0.0, 0.0)  # run_cost's (a, b), for the taker to read whole
+    prepare_s: float = 0.0  # how long taking and collating took lately
+    handed: int = 0  # items to run in the batch this step returned last
+
+    def take_and_collate(self) -> batching.Batch | None:
+        """The next batch, its jobs moved to the in-flight list and collated; None if none came within BLOCK_S.
+
+        Called as the batch it returned last starts to run.
+        """
+        if self.handed:
+            a, b = self.run_fit
+            if self.stop.wait(a * self.handed + b - self.prepare_s - LEAD_S):  # at once if that is not ahead
+                return None  # stopped: take nothing more
+        started = time.monotonic()
+        self.handed = 0
+        raws = retrying(lambda: self.queue.take(self.batch_size, self.linger, BLOCK_S), self.stop)
+        left, self.queue.left = self.queue.left, 0  # jobs the take dropped, their clients gone
+        if left:
+            self.stats.add(left=left)
+        if not raws:
+            return None
+        wait_s = self.queue.last_wait_s
+        self.hold("take")
+        batch = batching.prepare(raws, self.task, self.model, self.keys, self.settings.worker_id, self.version)
+        batch.wait_s = wait_s
+        self.hold("collate")
+        self.prepare_s = 0.8 * self.prepare_s + 0.2 * (time.monotonic() - started - wait_s)
+        self.handed = len(batch.runnable)
+        return batch
+
+    def run(self, batch: batching.Batch) -> None:
+        batching.run(batch, self.task, self.backend)
+        self.hold("run")
+
+    def reply(self, batch: batching.Batch) -> None:
+        """Postprocess, write the replies and forget the batch's jobs in flight (one transaction); learn from it."""
+        batching.finish(batch, self.task, self.settings.worker_id, self.version)
+        self.hold("reply")
+        if retrying(lambda: self._write(batch), self.stop, until_done=True):
+            self.queue.forget(len(batch.taken))
+        self.linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
+        if batch.runnable:
+            self.run_cost.add(len(batch.runnable), batch.run_ms / 1000)
+            self.run_fit = self.run_cost.fit()
+        self._record(batch)
+
+    def _write(self, batch: batching.Batch) -> bool:
+        answer(self.client, self.keys, self.settings.worker_id, self.model, batch.replies, batch.dead,
+               self.settings.reply_ttl_s, batch.taken, batch.taken_ids)
+        return True
+
+    def _record(self, batch: batching.Batch) -> None:
+        self.stats.batch(len(batch.jobs), batch.errors, batch.infer_ms / 1000, batch.wait_s)
+        self.stats.add(expired=batch.expired, dead=len(batch.dead))
+        if self.settings.log_batches:
+            batch_log.info("batch model=%s size=%d errors=%d expired=%d dead=%d wait_ms=%.1f infer_ms=%.1f",
+                           self.model, len(batch.jobs), batch.errors, batch.expired, len(batch.dead),
+                           batch.wait_s * 1000, batch.infer_ms)
+
+
+def retrying(call, stop: threading.Event, until_done: bool = False):
+    """Run a Redis call, waiting out outages with capped exponential backoff.
+
+    Taking gives up when asked to stop; answering keeps trying a while longer,
+    since the batch in hand has been computed (if Redis never returns, the
+    jobs stay in the in-flight list for recovery).
+    """
+    delay, tries = 0.05, 0
+    while True:
+        try:
+            return call()
+        except redis.RedisError as exc:
+            tries += 1
+            if stop.is_set() and (not until_done or tries > 20):
+                return None
+            log.warning("redis unavailable (%s); retrying in %.2f s", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
