@@ -26,8 +26,8 @@ moments (seeded by --seed, planned up front) one of these happens, one at a time
 
 The web and worker processes keep the job ledger (benchmarks/ledger.py). Once
 the traffic stops and the stack has drained, the soak checks: every job Redis
-acknowledged was answered, or dropped as expired (its client had a 504), or
-dead-lettered past its attempts; none answered twice; every 200 is its own
+acknowledged was answered, or dropped as expired (its client had a 504) or
+because its client had hung up, or dead-lettered past its attempts; none answered twice; every 200 is its own
 input's answer (against onnxruntime in this process); no answer came later
 than its deadline plus a second; every request that got no HTTP status hung
 up on purpose; every acknowledged bulk job completed with each result once and
@@ -718,6 +718,7 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
     led = result.ledger
     add(f"\nLedger: {len(led.queued)} interactive jobs acknowledged by Redis, {len(led.answered)} job ids answered "
         f"(bulk items included), {len(led.expired)} dropped unrun past their deadline (their clients had a 504), "
+        f"{len(led.left)} dropped unrun because their clients had hung up, "
         f"{len(result.dead_lettered)} dead-lettered past their attempts.")
     add("\n## Redis and memory, before the traffic and after it drained\n")
     add(f"Drained {result.drained_s:.1f} s after the clients ended. Keys with a TTL expire by themselves "

@@ -31,11 +31,12 @@ class Ledger:
     answered_at: dict[str, list[float]] = field(default_factory=dict)
     answered_by: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # job id -> (pid, when)
     expired: dict[str, float] = field(default_factory=dict)  # taken past its deadline, dropped unrun
+    left: dict[str, float] = field(default_factory=dict)  # taken after its client left, dropped unrun
 
     @property
     def lost(self) -> set[str]:
-        """Jobs Redis acknowledged that no worker answered, nor dropped as expired."""
-        return set(self.queued) - set(self.answered) - set(self.expired)
+        """Jobs Redis acknowledged that no worker answered, nor dropped as expired or left."""
+        return set(self.queued) - set(self.answered) - set(self.expired) - set(self.left)
 
     @property
     def answered_twice(self) -> list[str]:
@@ -59,4 +60,6 @@ def read(folder: Path) -> Ledger:
                 ledger.answered_by.setdefault(job_id, []).append((int(pid) if pid.isdigit() else 0, at))
             elif kind == "expired":
                 ledger.expired.setdefault(job_id, at)
+            elif kind == "left":
+                ledger.left.setdefault(job_id, at)
     return ledger

@@ -6,7 +6,7 @@ from __future__ import annotations
 class FunnelError(Exception):
     status = 400
     code = "bad_request"
-    retry_after: int | None = None  # seconds, for a 503's Retry-After (1 when not given)
+    retry_after: int | None = None  # seconds, for a 429's or 503's Retry-After (1 when not given)
 
     def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
                  retry_after: int | None = None):
@@ -37,6 +37,12 @@ class UnsupportedMediaType(FunnelError):
 
 class NotFound(FunnelError):
     status, code = 404, "not_found"
+
+
+class TooManyRequests(FunnelError):
+    """An API key past its own limits (web/queueing/limits.py); retry_after says when it may go on."""
+
+    status, code = 429, "rate_limited"
 
 
 class Overloaded(FunnelError):

@@ -42,6 +42,7 @@ class SharedSettings:
     prefix: str = setting("funnel", "prefix of every Redis key")
     model_store: str = setting("model_store", "model store directory (one folder per model)")
     log_level: str = setting("info", "logging level (debug, info, warning, error)")
+    log_format: str = setting("text", "log lines as text, or json: one JSON object per line", choices=("text", "json"))
     webhook_secret: str = setting("", "shared secret that signs job webhooks (HMAC-SHA256, the "
                                   "Funnel-Signature header); without it, a submit naming a webhook is refused",
                                   secret=True)

@@ -6,8 +6,9 @@ version, a missing or mistyped field or an oversized message raises
 WireError, never anything else.
 
 A field added later is optional on decoding, with the value the messages before
-it meant (`raw`: False; `version`: 1, the one version a model had), so the
-protocol version stays 1 and old and new processes read each other's messages.
+it meant (`raw`: False; `version`: 1, the one version a model had; `trace` and
+`request_id`: none), so the protocol version stays 1 and old and new processes
+read each other's messages.
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ class Job:
     attempt: int = 0
     raw: bool = False  # answer the model's own output rows, not the task's postprocessed result
     version: int = 1  # the model version that must run it (its queue's version)
+    trace: str = ""  # the W3C traceparent of the request that sent it ("": not traced)
+    request_id: str = ""  # the request's X-Request-ID, for the worker's log lines about it
 
 
 def encode_job(job: Job) -> bytes:
@@ -135,6 +138,8 @@ def encode_job(job: Job) -> bytes:
         "inputs": {name: pack_tensor(t) for name, t in job.inputs.items()},
         "reply_to": job.reply_to, "deadline": job.deadline,
         "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
+        # Only when set: an untraced job is no bigger than before.
+        **({"trace": job.trace} if job.trace else {}), **({"request_id": job.request_id} if job.request_id else {}),
     })
 
 
@@ -160,6 +165,8 @@ def decode_job(data: Any) -> Job:
         enqueued=_field(obj, "enqueued", int), attempt=_field(obj, "attempt", int),
         raw=bool(_field(obj, "raw", bool, optional=True)),  # optional: jobs of version-1 webs lack it
         version=_version(obj),  # optional: jobs from before model versions lack it
+        trace=_field(obj, "trace", str, optional=True) or "",  # optional: absent when not traced
+        request_id=_field(obj, "request_id", str, optional=True) or "",
     )
 
 

@@ -15,7 +15,7 @@ import redis
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from funnel.common import registry, traffic
+from funnel.common import logs, registry, traffic
 from funnel.common.errors import BadInput
 from funnel.common.registry import live_workers
 from funnel.common.tasks import Task
@@ -79,6 +79,7 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     app.json = OrjsonProvider(app)
     app.register_blueprint(openapi.blueprint)
     errors.install(app)
+    install_request_ids(app)
     auth.install(app, settings.api_keys)
     app.register_blueprint(v2.create_blueprint(pipeline))
     jobs.install(app, pipeline, settings)
@@ -92,6 +93,19 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     install_traffic(app, pipeline, settings)
     app.register_blueprint(dashboard.create_blueprint(pipeline, settings))
     return app
+
+
+def install_request_ids(app: Flask) -> None:
+    """Every answer names its request's id (X-Request-ID, or one made up), as do the log lines about it."""
+
+    @app.before_request
+    def take_request_id():
+        logs.REQUEST_ID.set(logs.request_id_of(request.headers.get("X-Request-ID")))
+
+    @app.after_request
+    def give_request_id(response: Response) -> Response:
+        response.headers["X-Request-ID"] = logs.REQUEST_ID.get()
+        return response
 
 
 def install_operations(app: Flask, pipeline: Pipeline) -> None:

@@ -100,11 +100,6 @@ def identify(authorization: str, api_keys: list[str]) -> Identity | None:
     return found if scheme.lower() == "bearer" else None
 
 
-def authorized(authorization: str, api_keys: list[str]) -> bool:
-    """Whether an Authorization header's value names one of the keys, as a Bearer token."""
-    return identify(authorization, api_keys) is not None
-
-
 def install(app: Flask, api_keys: list[str]) -> None:
     @app.before_request
     def check_api_key():

@@ -73,7 +73,9 @@ class Catalog:
             mtime = (spec.path / "model.json").stat().st_mtime
             loaded = self._loaded.get((name, version))
             if loaded is None or loaded[0] != mtime:
-                loaded = self._loaded[name, version] = (mtime, tasks.load(spec, self.limits))
+                task = tasks.load(spec, self.limits)
+                task.load_files()  # now: the folder may go before this process's next scan
+                loaded = self._loaded[name, version] = (mtime, task)
             return loaded[1]
         except Exception:  # a half-written or broken entry: the others go on being served
             log.exception("model %s version %s could not be loaded; not served", name, version)

@@ -34,7 +34,7 @@ def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str
     if isinstance(exc, redis.RedisError):
         exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
     if isinstance(exc, FunnelError):
-        headers = [("Retry-After", retry_after(exc))] if exc.status == 503 else []
+        headers = [("Retry-After", retry_after(exc))] if exc.status in (429, 503) else []
         if exc.status == 401:
             headers.append(("WWW-Authenticate", "Bearer"))
         return exc.status, exc.to_json(), headers
@@ -52,7 +52,7 @@ def expected(exc: Exception) -> bool:
 
 
 def retry_after(exc: FunnelError) -> str:
-    """A 503's Retry-After: the shedder's estimate when it made one, else a second."""
+    """A 429's or 503's Retry-After: the limit's or the shedder's estimate when there is one, else a second."""
     return str(max(1, int(exc.retry_after or 1)))
 
 

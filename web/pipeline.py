@@ -1,16 +1,21 @@
 """The one path of a request through the web tier, whatever protocol it came in.
 
-    front (transport/front.py)  reads the body, checks the API key, picks the adapter
-                 (or the gRPC service, web/grpc/service.py, its message read: `infer`, steps 1 to 6)
+    front (transport/front.py)  reads the body, knows the API key and the request id, picks the adapter
+                 (or the gRPC service, web/grpc/service.py, its message read: `infer`)
     1 resolve    the served model's task, by name (404 before a name can become a key), and its
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout
     5 enqueue    one push script per request (queueing/outbox.py, one round trip a loop turn)
-                 refuses a full queue or a predicted wait past the deadline, else LPUSHes
-    6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline
+                 refuses a key past its limits (429), a full queue or a predicted wait past the
+                 deadline (503), else LPUSHes
+    6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline;
+                 a client that leaves first marks its jobs, and no worker runs them
     7 render     the adapter answers the replies, or the error, in its protocol's shape
+
+With tracing on (common/tracing.py) the request is a span, each step a child
+of it, and its jobs carry the span's context to the worker.
 
 A bulk job (`submit_job`, from protocols/jobs.py's routes) takes steps 1 and
 3, then its own admission (the bulk queue's room) and the job store instead of
@@ -19,24 +24,25 @@ the queue: its items are answered into the job's results, not awaited.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import redis
 from werkzeug.wrappers import Request
 
-from funnel.common import job_submit, jobs, lua_scripts
-from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, Overloaded, Unavailable
+from funnel.common import job_submit, jobs, lua_scripts, tracing
+from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, Overloaded, TooManyRequests, Unavailable
 from funnel.common.job_store import JobStore
 from funnel.common.keys import Keys
 from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Job, Reply, encode_job, now_ms
 from funnel.web import metrics
 from funnel.web.catalog import Catalog
-from funnel.web.queueing import push_script
+from funnel.web.queueing import limits, push_script
 from funnel.web.queueing.inbox import Inbox
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.queueing.shedding import (
@@ -51,6 +57,7 @@ from funnel.web.queueing.versions import Versions
 from funnel.web.settings import WebSettings
 
 Rendered = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
+Answer = TypeVar("Answer")
 
 log = logging.getLogger("funnel.web.jobs")
 
@@ -64,6 +71,17 @@ class Work:
     raw: bool = False  # the replies carry the model's output rows, not the task's results
     context: dict[str, Any] = field(default_factory=dict)  # what the adapter needs again to render
     prepared: list[Inputs] = field(default_factory=list)  # the items' tensors, for adapters that count them
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who sent a request and how to follow it: what the transport knows before the pipeline starts."""
+
+    request_id: str = ""  # X-Request-ID, or one made up (common/logs.py): in the jobs, the logs, the answer
+    owner: str = ""  # the API key's owner hash ("" where the server has no keys): its limits' keys
+    label: str = ""  # that key's label: which limits apply (FUNNEL_KEY_LIMITS)
+    traceparent: str = ""  # the client's W3C trace context, the parent of the request's span
+    tracestate: str = ""
 
 
 class Parser(Protocol):
@@ -97,28 +115,43 @@ class Pipeline:
         self.calibration = Calibration()
         self.jobs = JobStore(client, keys, settings.job_ttl_s)
         self.job_limits = job_submit.SubmitLimits.of(settings)
+        self.key_limits = limits.parse(settings.key_limits)
+        self.spans = tracing.Spans("funnel-web")
+        # Sent without waiting for their answers (the request is over): marks for jobs whose client
+        # left, and the tokens of finished requests of keys with a cap.
+        self.leaving = Outbox(client, lua_scripts.register(client, "leave"), cluster=keys.cluster)
+        self.releasing = Outbox(client, lua_scripts.register(client, "release"), cluster=keys.cluster)
+        self._unawaited: set[asyncio.Future] = set()
 
-    async def respond(self, adapter: Adapter, request: Request, name: str, version: str | None = None) -> Rendered:
+    async def respond(self, adapter: Adapter, request: Request, name: str, version: str | None = None,
+                      origin: Origin = Origin()) -> Rendered:
         """A predict-like request, whole: its status, body and headers, an error included."""
         try:
             cap_s = self.settings.request_timeout_s
-            task, work, replies = await self.infer(adapter, request, name, version,
-                                                   lambda: request_timeout(request.headers, cap_s))
-            body, headers = adapter.render(task, work, replies)
+            body, headers = await self.infer(adapter, request, name, version,
+                                             lambda: request_timeout(request.headers, cap_s), origin, adapter.render)
             return 200, body, headers
         except Exception as exc:
             return adapter.render_error(exc, request)
 
     async def infer(self, parser: Parser, request: Any, name: str, version: str | None,
-                    timeout_s: Callable[[], float]) -> tuple[Task, Work, list[Reply]]:
-        """Steps 1 to 6, whatever protocol renders their outcome: the task, the parsed work (its
-        items' tensors in `prepared`) and the replies in item order. timeout_s is asked once the
-        request is read, so that a bad model or body is told before a bad deadline."""
-        task = self.resolve(name, version)
-        work = parser.parse(task, request)
-        work.prepared = list(self.prepare(task, work.items, work.ready))
-        replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw)
-        return task, work, replies
+                    timeout_s: Callable[[], float], origin: Origin,
+                    render: Callable[[Task, Work, list[Reply]], Answer]) -> Answer:
+        """Steps 1 to 7, whatever protocol parses and renders (the HTTP adapters, the gRPC service),
+        in one span when tracing is on. timeout_s is asked once the request is read, so that a bad
+        model or body is told before a bad deadline."""
+        with self.spans.request(f"predict {name}", origin.traceparent, origin.tracestate,
+                                request_id=origin.request_id):
+            task = self.resolve(name, version)
+            self.spans.annotate(model=name, model_version=task.spec.version)
+            with self.spans.step("parse"):
+                work = parser.parse(task, request)
+            with self.spans.step("prepare"):
+                work.prepared = list(self.prepare(task, work.items, work.ready))
+            self.spans.annotate(items=len(work.prepared))
+            replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw, origin)
+            with self.spans.step("render"):
+                return render(task, work, replies)
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
                    body: bytes, caller: jobs.Caller) -> tuple[jobs.Record, bool]:
@@ -186,37 +219,51 @@ class Pipeline:
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
-                  raw: bool = False) -> list[Reply]:
+                  raw: bool = False, origin: Origin = Origin()) -> list[Reply]:
         """One job per input, queued on the model version's queue, and their replies in input order;
         a failed reply raised.
 
-        503 at once when no live worker serves the model (unless held), when its queue
-        is at FUNNEL_MAX_QUEUE, or when the predicted wait is past timeout_s; 504 at the
-        deadline.
+        429 at once when the caller's key is past its limits; 503 at once when no live
+        worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
+        when the predicted wait is past timeout_s; 504 at the deadline. A client that
+        leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
         """
-        capacity = self._capacity(model, version)
+        with self.spans.step("admit"):
+            capacity = self._capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
         ids = [os.urandom(16).hex() for _ in inputs]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         reply_to = self.inbox.key(model)
+        trace = self.spans.traceparent()
         jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw,
-                               version=version)) for job_id, item in zip(ids, inputs)]
+                               version=version, trace=trace, request_id=origin.request_id))
+                for job_id, item in zip(ids, inputs)]
         estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
-        keys = push_script.keys_of(self.keys, model, version, push_script.UNLIMITED,
-                                   capacity.workers if estimate else ())
+        limit = limits.of(self.key_limits, origin.label) if origin.owner else None
+        owner = origin.owner if limit else push_script.UNLIMITED
+        keys = push_script.keys_of(self.keys, model, version, owner, capacity.workers if estimate else ())
         args = push_script.args_of(self.settings.max_queue, capacity.script_args(calibration) if estimate else None,
-                                   timeout_s, None, now_ms(), ids[0], deadline, jobs)
-        ahead, pushed_ms = -1, 0
+                                   timeout_s, limit, now_ms(), ids[0], deadline, jobs)
+        ahead, pushed_ms, sent = -1, 0, False
         try:
-            outcome, count, *rest = await self.outbox.push(keys, args)
+            with self.spans.step("enqueue"):
+                sent = True  # from here on the push may reach Redis, whatever becomes of this request
+                outcome, count, *rest = await self.outbox.push(keys, args)
             self._admitted(model, outcome, count, capacity, calibration, timeout_s, len(jobs))
             ahead, pushed_ms = (rest[0] if rest else -1), now_ms()
-            replies = await self.inbox.collect(waiter, ids, deadline)
+            with self.spans.step("wait"):
+                replies = await self.inbox.collect(waiter, ids, deadline)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
+        except asyncio.CancelledError:
+            if sent:  # maybe queued, and nobody will read the answers: no worker need compute them
+                self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
+            raise
         finally:
             self.inbox.forget(ids)
+            if pushed_ms and limit is not None and limit.concurrency:  # its token leaves the key's requests
+                self._unawaited_push(self.releasing, [self.keys.running(model, owner)], [ids[0]])
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
                 self.calibration.observe(model, capacity.wait_s(ahead, len(jobs)), (now_ms() - pushed_ms) / 1000)
         metrics.replied(model, replies)
@@ -224,6 +271,18 @@ class Pipeline:
             if not reply.ok:
                 raise reply_error(reply, i, len(replies))
         return replies
+
+    def _unawaited_push(self, outbox: Outbox, keys: list[str], args: list) -> None:
+        """A script's call sent with the loop's next round trip, its answer not awaited; a failure is
+        logged (a mark or token it leaves behind expires with its deadline)."""
+        sent = asyncio.ensure_future(outbox.push(keys, args))
+        self._unawaited.add(sent)  # held until done: the loop keeps only weak references to tasks
+        sent.add_done_callback(self._settled)
+
+    def _settled(self, sent: asyncio.Future) -> None:
+        self._unawaited.discard(sent)
+        if not sent.cancelled() and sent.exception() is not None:
+            log.warning("could not mark a finished request in redis: %s", sent.exception())
 
     def _capacity(self, model: str, version: int) -> Capacity:
         """The model version's live workers (cached per process); 503 at once when it has none, unless
@@ -244,7 +303,14 @@ class Pipeline:
     @staticmethod
     def _admitted(model: str, outcome: int, count: int, capacity: Capacity, calibration: float,
                   timeout_s: float, n: int) -> None:
-        """The push script's verdict: 503 if it turned the request away (a full queue, too long a wait)."""
+        """The push script's verdict: 429 past the caller's key limits, 503 if it turned the request
+        away (a full queue, too long a wait)."""
+        if outcome == -2:
+            raise TooManyRequests("this API key is past its rate on this model; retry later",
+                                  retry_after=_seconds(count))
+        if outcome == -3:
+            raise TooManyRequests("this API key has as many requests under way on this model as it may; "
+                                  "retry when one is answered", retry_after=_seconds(count))
         if outcome == 0:
             raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
                              retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))
@@ -254,6 +320,11 @@ class Pipeline:
             raise Overloaded(f"the {model} queue would answer in about {wait_s:.1f} s, past this "
                              f"request's deadline of {timeout_s:g} s; retry later",
                              retry_after=retry_after_s(wait_s))
+
+
+def _seconds(ms: int) -> int:
+    """A Retry-After in whole seconds, at least one."""
+    return max(1, -(-int(ms) // 1000))
 
 
 def reply_error(reply: Reply, index: int, count: int) -> FunnelError:

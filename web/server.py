@@ -7,7 +7,6 @@ client, the pipeline with its inbox and outbox, the Flask app, the front.
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import shutil
 import tempfile
@@ -15,6 +14,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from funnel.common import logs
 from funnel.web.settings import WebSettings
 
 # No command of the web tier blocks in Redis for long (the inbox listener's BRPOP, 1 s): a Redis
@@ -59,6 +59,8 @@ class WebServer(BaseApplication):
         self.cfg.set("child_exit", child_exit)
         # gunicorn 27's control socket has one default path: several web tiers would share it.
         self.cfg.set("control_socket_disable", True)
+        if s.log_format == "json":  # gunicorn's own lines too: one JSON object per line from the whole tier
+            self.cfg.set("logconfig_dict", logs.gunicorn_config(s.log_level, s.log_format))
 
     def load(self):
         app = application(self.settings)  # in each gunicorn process, after the fork
@@ -83,8 +85,7 @@ def application(settings: WebSettings) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     settings = WebSettings.load(argv)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
     metrics_dir()
     WebServer(settings).run()
     return 0

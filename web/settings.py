@@ -28,6 +28,9 @@ class WebSettings(SharedSettings):
                                 "max_chars=2000,max_pixels=1000000 (GET /v1/models shows each model's)")
     api_keys: list[str] = setting([], "Bearer tokens that may call the API, comma-separated, each `label=KEY` "
                                   "or a bare KEY (default: open); each key is a tenant: its jobs are its own")
+    key_limits: str = setting("", "limits per API key label on each model, as JSON or @path to a JSON file: "
+                              '{"alice": {"rate": 20, "burst": 40, "concurrency": 8}, "*": {"rate": 5}}; past them '
+                              "a 429 with Retry-After")
     admin_keys: list[str] = setting([], "those of the API keys, by label or by key, that may also change how "
                                     "models are served (a model's traffic policy) and read or cancel any job, "
                                     "comma-separated")

@@ -53,6 +53,7 @@ class Batch:
     wait_s: float = 0.0  # how long the take waited for the batch to fill
     collate_ms: float = 0.0
     run_ms: float = 0.0
+    steps: dict[str, tuple[int, int]] = field(default_factory=dict)  # step -> (start, end), epoch ns: its trace
 
     @property
     def infer_ms(self) -> float:

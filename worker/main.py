@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from funnel.common import tasks
+from funnel.common import logs, tasks, tracing
 from funnel.common.connection import connect, on_cluster
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
@@ -61,7 +61,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     steps = Steps(settings, spec.name, version, task, model, client, keys,
                   JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
                   Linger(settings.linger_ms, stop), heartbeat.stats, stop, batch_size,
-                  Hold(stop))  # Hold: the fault suite's seam; unset, it does nothing
+                  Hold(stop),  # Hold: the fault suite's seam; unset, it does nothing
+                  tracing.Spans("funnel-worker"), device)
     warmup.run(task, model, batch_size, device)  # before registering: no request meets a cold shape
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own
@@ -72,6 +73,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     finally:
         deliverer.stop()
         heartbeat.stop()  # after the last reply: a deregistered worker's in-flight jobs are recovered
+        tracing.shutdown()  # the spans not yet exported
     log.info("worker %s stopped", settings.worker_id)
 
 
@@ -115,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = WorkerSettings.load(argv)
     if settings.backend == "torch" and settings.device == "cpu" and settings.tcmalloc:
         preload_tcmalloc(argv)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Stop taking; run and answer every batch taken, then leave: nothing taken is dropped.

@@ -33,8 +33,8 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
     it had none), forget it, and push its reply or park it as dead only if it was still in flight.
     Returns the ids of the jobs answered: bulk items always, the others only if still held.
 
-    MULTI/EXEC makes it all or nothing: a crash before EXEC leaves the jobs in
-    flight for recovery, a crash after leaves nothing half done.
+    All or nothing (one script, or a MULTI with the bulk results): a crash before it leaves
+    the jobs in flight for recovery, a crash after leaves nothing half done.
     """
     by_job: dict[str, list[Reply]] = {}  # items of async and bulk jobs: stored by index, not pushed
     by_id: dict[str, tuple[str, Reply]] = {}
@@ -56,13 +56,16 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
         replied.append(job_id if found else "")
     if by_id:
         raise ValueError(f"replies to jobs this batch did not take: {sorted(by_id)}")
-    pipe = client.pipeline(transaction=True)
-    for results_key, items in by_job.items():
-        store_results(pipe, keys, results_key, items)
-    if taken:
-        lua_scripts.register(pipe, "reply")(keys=[keys.inflight(model, worker_id), keys.dead(model), *lists],
-                                            args=args)
-    done = pipe.execute()
-    held = done[-1] if taken else []
+    reply_keys = [keys.inflight(model, worker_id), keys.dead(model), *lists]
+    if not by_job:  # the script alone is atomic; and a Redis Cluster's pipelines run no scripts
+        held = lua_scripts.register(client, "reply")(keys=reply_keys, args=args) if taken else []
+    else:  # bulk items, never on a cluster: their results and the replies in one MULTI
+        pipe = client.pipeline(transaction=True)
+        for results_key, items in by_job.items():
+            store_results(pipe, keys, results_key, items)
+        if taken:
+            lua_scripts.register(pipe, "reply")(keys=reply_keys, args=args)
+        done = pipe.execute()
+        held = done[-1] if taken else []
     bulk = [reply.id for items in by_job.values() for reply in items]
     return bulk + [job_id for job_id, still in zip(replied, held) if job_id and still]

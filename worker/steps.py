@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from funnel.common import tracing
 from funnel.common.keys import Keys
 from funnel.common.tasks import Task
 from funnel.worker import batch as batching
@@ -55,6 +56,8 @@ class Steps:
     stop: threading.Event
     batch_size: int
     hold: Hold
+    spans: tracing.Spans
+    device: str
     run_cost: CostModel = field(default_factory=CostModel)  # a run's seconds by its items, fed by reply
     run_fit: tuple[float, float] = (0.0, 0.0)  # run_cost's (a, b), for the taker to read whole
     prepare_s: float = 0.0  # how long taking and collating took lately
@@ -79,7 +82,9 @@ class Steps:
             return None
         wait_s = self.queue.last_wait_s
         self.hold("take")
+        began = time.time_ns()
         batch = batching.prepare(raws, self.task, self.model, self.keys, self.settings.worker_id, self.version)
+        batch.steps["collate"] = (began, time.time_ns())
         batch.wait_s = wait_s
         self.hold("collate")
         self.prepare_s = 0.8 * self.prepare_s + 0.2 * (time.monotonic() - started - wait_s)
@@ -87,15 +92,20 @@ class Steps:
         return batch
 
     def run(self, batch: batching.Batch) -> None:
+        began = time.time_ns()
         batching.run(batch, self.task, self.backend)
+        batch.steps["run"] = (began, time.time_ns())
         self.hold("run")
 
     def reply(self, batch: batching.Batch) -> None:
         """Postprocess, write the replies and forget the batch's jobs in flight (one transaction); learn from it."""
+        began = time.time_ns()
         batching.finish(batch, self.task, self.settings.worker_id, self.version)
         self.hold("reply")
         if retrying(lambda: self._write(batch), self.stop, until_done=True):
             self.queue.forget(len(batch.taken))
+        batch.steps["reply"] = (began, time.time_ns())
+        self._tell(batch)
         self.linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
         if batch.runnable:
             self.run_cost.add(len(batch.runnable), batch.run_ms / 1000)
@@ -106,6 +116,29 @@ class Steps:
         answer(self.client, self.keys, self.settings.worker_id, self.model, batch.replies, batch.dead,
                self.settings.reply_ttl_s, batch.taken, batch.taken_ids)
         return True
+
+    def _tell(self, batch: batching.Batch) -> None:
+        """The log lines about each job (their requests' ids in them), and the batch's spans: each
+        traced job's time in the queue, a child of its request's span, and the batch's own."""
+        requests = {job.id: job.request_id for job in batch.jobs}
+        for _, reply in batch.replies:
+            if not reply.ok:
+                log.warning("job %s failed: %s", reply.id, (reply.error or {}).get("message", ""),
+                            extra={"request_id": requests.get(reply.id, "")})
+        if log.isEnabledFor(logging.DEBUG):
+            for job in batch.runnable:
+                log.debug("job %s answered in a batch of %d", job.id, len(batch.runnable),
+                          extra={"request_id": job.request_id})
+        if self.spans.tracer is None:
+            return
+        taken_ns = batch.steps["collate"][0]  # the take's end, to the nanosecond
+        for job in batch.jobs:
+            self.spans.waited("queue", job.trace, job.enqueued * 1_000_000, taken_ns, model=self.model,
+                              worker=self.settings.worker_id)
+        first, last = batch.steps["collate"][0], batch.steps["reply"][1]
+        self.spans.batch(f"batch {self.model}", [job.trace for job in batch.jobs], first, last, batch.steps,
+                         model=self.model, model_version=self.version, batch_size=len(batch.runnable),
+                         worker=self.settings.worker_id, device=self.device)
 
     def _record(self, batch: batching.Batch) -> None:
         self.stats.batch(len(batch.jobs), batch.errors, batch.infer_ms / 1000, batch.wait_s)

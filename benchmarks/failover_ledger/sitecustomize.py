@@ -4,7 +4,7 @@ the stack's processes.
 No HTTP answer names its job, so to count jobs lost or answered twice a
 scenario puts this folder on the PYTHONPATH of the web and worker processes it
 starts, with FAILOVER_LEDGER naming a folder (benchmarks.ledger.environment).
-Python imports this module at start-up; it wraps three functions as their
+Python imports this module at start-up; it wraps four functions as their
 modules load, records job ids, each with the wall-clock time, and changes
 nothing else:
 
@@ -13,7 +13,9 @@ nothing else:
 - worker: reply.answer, once its transaction has been acknowledged:
   `answered-<pid>` gets the ids it answered (bulk items' too, `<job>-<index>`);
 - worker: batch.decode, which sorts out the jobs taken past their deadline:
-  `expired-<pid>` gets the ids it dropped unrun (their clients had a 504).
+  `expired-<pid>` gets the ids it dropped unrun (their clients had a 504);
+- worker: queue.drop_gone, which drops the jobs whose client had left:
+  `left-<pid>` gets their ids.
 
 It imports nothing of Funnel's itself: it only wraps what the processes import.
 """
@@ -85,7 +87,22 @@ def _worker_batch(batch) -> None:
     batch.decode = recorded  # before prepare (same module) calls it by its global name
 
 
-PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker, "funnel.worker.batch": _worker_batch}
+def _worker_queue(queue) -> None:
+    drop_gone = queue.drop_gone
+
+    @functools.wraps(drop_gone)
+    def recorded(client, gone, raws):
+        kept, dropped = drop_gone(client, gone, raws)
+        if dropped:
+            kept_ids = {queue.peek_job(raw).get("id") for raw in kept}
+            _record("left", [i for i in (queue.peek_job(raw).get("id") for raw in raws) if i not in kept_ids])
+        return kept, dropped
+
+    queue.drop_gone = recorded  # JobQueue calls it by its global name
+
+
+PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker, "funnel.worker.batch": _worker_batch,
+           "funnel.worker.queue": _worker_queue}
 
 
 class _PatchOnImport:

@@ -51,6 +51,11 @@ class Task(abc.ABC):
 
     # -- web side ------------------------------------------------------------
 
+    def load_files(self) -> None:
+        """Read the files the web side uses (a tokenizer, labels), once, as the web tier starts serving
+        this version: removed from the store meanwhile, it serves on from memory until dropped."""
+        return None  # a task that reads no files of its own in the web tier
+
     @abc.abstractmethod
     def preprocess(self, item: Any) -> Inputs:
         """One request item (bytes of an image, a text, a JSON value) -> the named arrays of its job.

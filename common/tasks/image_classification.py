@@ -20,6 +20,9 @@ class ImageClassification(Task):
 
     # -- web side ------------------------------------------------------------
 
+    def load_files(self) -> None:
+        _ = self.labels  # /v2's classification names the classes
+
     def preprocess(self, item: bytes) -> Inputs:
         shape = self.spec.config["preprocess"]
         return {"pixels": center_crop(item, shape["resize"], shape["crop"], self.limits["max_pixels"])}

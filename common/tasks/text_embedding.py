@@ -25,6 +25,9 @@ class TextEmbedding(Task):
 
     # -- web side ------------------------------------------------------------
 
+    def load_files(self) -> None:
+        _ = self.ascii_tokenizer  # and the tokenizer it is made from
+
     @functools.cached_property
     def tokenizer(self):
         from tokenizers import Tokenizer

@@ -51,6 +51,9 @@ class TextRecognition(Task):
 
     # -- web side ------------------------------------------------------------
 
+    def load_files(self) -> None:
+        _ = self.characters  # GET /v1/models counts them
+
     def preprocess(self, item: bytes) -> Inputs:
         from PIL import Image
 

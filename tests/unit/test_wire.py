@@ -177,3 +177,23 @@ def test_a_bad_model_version_is_a_wire_error(version):
     reply["version"] = version
     with pytest.raises(WireError, match="version|wrong type"):
         wire.decode_reply(msgpack.packb(reply, use_bin_type=True))
+
+
+def test_a_jobs_trace_and_request_id_round_trip_and_cost_nothing_unset():
+    job = make_job()
+    plain = wire.encode_job(job)
+    assert b"trace" not in plain and b"request_id" not in plain  # an untraced job is as before
+    back = wire.decode_job(plain)
+    assert back.trace == "" and back.request_id == ""
+    job.trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    job.request_id = "req-42"
+    back = wire.decode_job(wire.encode_job(job))
+    assert back.trace == job.trace and back.request_id == "req-42"
+
+
+@pytest.mark.parametrize("name", ["trace", "request_id"])
+def test_a_mistyped_trace_or_request_id_is_a_wire_error(name):
+    job = valid_job_map()
+    job[name] = 42
+    with pytest.raises(WireError, match="wrong type"):
+        wire.decode_job(msgpack.packb(job, use_bin_type=True))

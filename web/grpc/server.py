@@ -21,6 +21,7 @@ import signal
 import grpc
 import uvloop
 
+from funnel.common import logs
 from funnel.web.grpc.service import InferenceService
 from funnel.web.grpc.settings import GrpcSettings
 
@@ -75,7 +76,7 @@ async def serve(config: GrpcSettings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config = GrpcSettings.load(argv)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format)
     # uvloop, as the web tier's event loops: grpc.aio's calls cost less CPU on it than on asyncio's own.
     uvloop.run(serve(config))
     return 0

@@ -24,13 +24,15 @@ from typing import Any, TypeVar
 import grpc
 import redis
 
+from funnel.common import logs
 from funnel.common.errors import BadInput, FunnelError, Unavailable
 from funnel.common.tasks import Task
+from funnel.common.wire import Reply
 from funnel.web import auth, errors
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, read_inputs
-from funnel.web.pipeline import Pipeline, Work
+from funnel.web.pipeline import Origin, Pipeline, Work
 from funnel.web.protocols import v2
 
 log = logging.getLogger("funnel.web.grpc")
@@ -39,6 +41,7 @@ log = logging.getLogger("funnel.web.grpc")
 STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT,
+          429: grpc.StatusCode.RESOURCE_EXHAUSTED,
           503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 Answer = TypeVar("Answer")
@@ -67,7 +70,7 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, st
     if isinstance(exc, redis.RedisError):
         exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
     if isinstance(exc, FunnelError):
-        retry = (("retry-after", errors.retry_after(exc)),) if exc.status == 503 else ()
+        retry = (("retry-after", errors.retry_after(exc)),) if exc.status in (429, 503) else ()
         return STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message, retry
     log.exception("gRPC call failed", exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal error (the server's log has the details)", ()
@@ -94,15 +97,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             except TimeoutError:
                 log.warning("stopping with %d calls still in flight", self.in_flight)
 
-    async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Answer]]) -> Answer:
-        """answer()'s result, once the call's key is checked; or the call ended with the status its
-        failure maps to."""
+    async def _answer(self, context: grpc.aio.ServicerContext,
+                      answer: Callable[[Origin], Awaitable[Answer]]) -> Answer:
+        """answer(origin)'s result, once the call's key is checked; or the call ended with the status
+        its failure maps to."""
         self.in_flight += 1
         try:
             if self.draining:
                 raise Unavailable("this server is stopping; call again")
-            self._authorize(context)
-            return await answer()
+            return await answer(self._origin(context))
         except Exception as exc:  # every failure is a status, never a traceback to the client
             code, message, trailing = status_of(exc)
         finally:
@@ -112,12 +115,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(code, message, trailing_metadata=trailing)
         raise AssertionError("abort() raises")  # for the type checker: abort never returns
 
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        keys = self.settings.api_keys
-        if keys:
-            given = next((str(v) for k, v in context.invocation_metadata() or () if k == "authorization"), "")
-            if not auth.authorized(given, keys):
+    def _origin(self, context: grpc.aio.ServicerContext) -> Origin:
+        """The call's key (UNAUTHENTICATED without one, where FUNNEL_API_KEYS is set), request id and
+        trace context, from its metadata."""
+        metadata = {k: str(v) for k, v in context.invocation_metadata() or ()}
+        identity = None
+        if self.settings.api_keys:
+            identity = auth.identify(metadata.get("authorization", ""), self.settings.api_keys)
+            if identity is None:
                 raise auth.Unauthorized()
+        request_id = logs.request_id_of(metadata.get("x-request-id"))
+        logs.REQUEST_ID.set(request_id)
+        return Origin(request_id=request_id, owner=identity.owner if identity else "",
+                      label=identity.label if identity else "", traceparent=metadata.get("traceparent", ""),
+                      tracestate=metadata.get("tracestate", ""))
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -132,13 +143,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=not missing)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
-        async def answer():
+        async def answer(origin: Origin):
             return pb.ServerMetadataResponse(name="funnel", version=v2.server_version(), extensions=v2.EXTENSIONS)
         return await self._answer(context, answer)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
-        async def answer():
+        async def answer(origin: Origin):
             task = self.pipeline.resolve(request.name, request.version or None)
             meta = v2.metadata(task, sorted(self.pipeline.catalog.versions(request.name)))
             tensor = pb.ModelMetadataResponse.TensorMetadata
@@ -150,19 +161,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
-        async def answer():
+        async def answer(origin: Origin):
             live = await asyncio.to_thread(v2.model_live, self.pipeline, request.name, request.version or None)
             return pb.ModelReadyResponse(ready=live)
         return await self._answer(context, answer)
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        async def answer():
-            task, work, replies = await self.pipeline.infer(self.parser, request, request.model_name,
-                                                            request.model_version or None,
-                                                            lambda: self._timeout_s(context))
+        def render(task: Task, work: Work, replies: list[Reply]) -> pb.ModelInferResponse:
             outputs, chunks = v2.outputs_of(task, work.context["wanted"], replies)
             return infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
+
+        async def answer(origin: Origin):
+            return await self.pipeline.infer(self.parser, request, request.model_name, request.model_version or None,
+                                             lambda: self._timeout_s(context), origin, render)
         return await self._answer(context, answer)
 
     def _timeout_s(self, context: grpc.aio.ServicerContext) -> float:

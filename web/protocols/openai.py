@@ -142,6 +142,8 @@ def error_type(status: int) -> str:
         return "authentication_error"
     if status == 403:
         return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
     if status < 500:
         return "invalid_request_error"
     return "server_error"

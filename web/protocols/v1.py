@@ -18,6 +18,7 @@ import re
 import orjson
 from werkzeug.wrappers import Request
 
+from funnel.common import logs
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
 from funnel.web import errors
@@ -41,8 +42,10 @@ class V1:
     def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
         name = task.spec.name
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
+        request_id = logs.REQUEST_ID.get()
         meta = [{"worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
-                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2)} for r in replies]
+                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id}
+                for r in replies]
         if work.context["single"]:
             body = {"model": name, **results[0], "meta": meta[0]}
         else:

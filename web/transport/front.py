@@ -25,12 +25,15 @@ from flask import Flask
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.wrappers import Request
 
+from funnel.common import logs
 from funnel.web import auth, metrics
-from funnel.web.pipeline import Adapter, Pipeline
+from funnel.web.pipeline import Adapter, Origin, Pipeline
 from funnel.web.protocols import openai, v1, v2
 from funnel.web.protocols.jobs import WEBHOOK_HEADER, wants_async
 from funnel.web.settings import WebSettings
+from funnel.web.transport.protocol import ON_LEAVE
 
+CLIENT_LEFT = 499  # counted as nginx logs a client that closed before its answer; never sent
 BODY_IDLE_S = 10.0  # a predict's body may pause this long at most (nginx's client_body_timeout)
 DRAIN_LIMIT = 64 * 1024 * 1024  # a body declared over the limit is read this far to answer its 413
 WEBHOOK_KEY = "HTTP_" + WEBHOOK_HEADER.upper().replace("-", "_")
@@ -75,30 +78,52 @@ class Front:
         started = time.perf_counter()
         request = PredictRequest(environ)
         request.max_content_length = self.max_body
+        request_id = logs.request_id_of(environ.get("HTTP_X_REQUEST_ID"))
+        logs.REQUEST_ID.set(request_id)  # this request's task's own: every log line about it names it
         try:
             body = await _body(receive, request.content_length, self.max_body)
             if body is None:
                 return  # the client left before sending its body: nobody to answer
             environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
             request.body = body
-            keys = self.settings.api_keys
-            if keys and not auth.authorized(environ.get("HTTP_AUTHORIZATION", ""), keys):
-                raise auth.Unauthorized()
+            origin = self._origin(environ, request_id)
             if adapter is self.openai:  # its model is named in the body, not the path
                 params = {"name": self.openai.model_of(request)}
         except Exception as exc:
             status, data, headers = adapter.render_error(exc, request)
         else:
-            status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
-                                                               params.get("version"))
+            left = _on_leave(scope)
+            try:
+                if left:  # gone while its request was read: nothing to queue
+                    raise asyncio.CancelledError
+                status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
+                                                                   params.get("version"), origin)
+            except asyncio.CancelledError:
+                if not left:
+                    raise  # the server is stopping, not the client leaving
+                status, data, headers = CLIENT_LEFT, b"", []
         name = params["name"] if self.pipeline.catalog.versions(params.get("name", "")) else "unknown"
         metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
+        if status == CLIENT_LEFT:
+            return  # nobody to answer
+        headers = [*headers, ("X-Request-ID", request_id)]
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers = [("Content-Type", "application/json"), *headers]
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", str(len(data)).encode()),
                                 *((k.lower().encode(), v.encode()) for k, v in headers)]})
         await send({"type": "http.response.body", "body": data})
+
+    def _origin(self, environ: dict[str, Any], request_id: str) -> Origin:
+        """Who sent the request (401 without a key, where FUNNEL_API_KEYS is set) and its trace context."""
+        identity = None
+        if self.settings.api_keys:
+            identity = auth.identify(environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys)
+            if identity is None:
+                raise auth.Unauthorized()
+        return Origin(request_id=request_id, owner=identity.owner if identity else "",
+                      label=identity.label if identity else "", traceparent=environ.get("HTTP_TRACEPARENT", ""),
+                      tracestate=environ.get("HTTP_TRACESTATE", ""))
 
     def _route(self, scope: Any) -> tuple[Adapter, dict[str, str]] | None:
         path = scope["path"]
@@ -107,6 +132,24 @@ class Front:
             if match:
                 return adapter, match.groupdict()
         return None
+
+
+def _on_leave(scope: Any) -> list[bool]:
+    """Cancel this request's task if its client leaves before the answer (transport/protocol.py calls
+    back): the pipeline stops waiting and marks its jobs, so no worker runs them. The list returned
+    says whether that happened."""
+    left: list[bool] = []
+    task = asyncio.current_task()
+    departure = scope.get(ON_LEAVE)
+    if task is not None and departure is not None:
+
+        def leave() -> None:
+            left.append(True)
+            task.cancel()
+
+        if not departure.on_leave(leave):  # gone already: the caller queues nothing
+            left.append(True)
+    return left
 
 
 async def _body(receive, declared: int | None, limit: int) -> bytes | None:

@@ -18,9 +18,32 @@ from uvicorn_worker import UvicornWorker
 
 HEAD_LIMIT = 64 * 1024  # request line and headers, as nginx's large_client_header_buffers allow at most
 HEAD_TIMEOUT_S = 10.0  # a request's head must arrive whole this soon after its first byte (or the connection)
-# The scope's list of callbacks run when the client leaves before its response is complete (a predict
+# The scope's Departure: what to do if the client leaves before its response is complete (a predict
 # waiting for its answer stops waiting, and its jobs are marked so that no worker runs them).
-ON_LEAVE = "funnel.on_leave"
+ON_LEAVE = "funnel.departure"
+
+
+class Departure:
+    """Callbacks run when a request's client leaves before its answer (it may leave before the app has
+    read its request: on_leave says so)."""
+
+    __slots__ = ("left", "callbacks")
+
+    def __init__(self) -> None:
+        self.left = False
+        self.callbacks: list = []
+
+    def on_leave(self, callback) -> bool:
+        """Run callback when the client leaves; False, and nothing registered, if it has left already."""
+        if self.left:
+            return False
+        self.callbacks.append(callback)
+        return True
+
+    def leave(self) -> None:
+        self.left = True
+        for callback in self.callbacks:
+            callback()
 
 
 class Protocol(HttpToolsProtocol):
@@ -62,7 +85,7 @@ class Protocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._stop_head()
-        self.scope[ON_LEAVE] = []  # type: ignore[literal-required]  # before the app's task starts
+        self.scope[ON_LEAVE] = Departure()  # type: ignore[literal-required]  # before the app's task starts
         super().on_headers_complete()
         self.cycle.transport = self._writes  # type: ignore[assignment]  # the response's writes, coalesced
 
@@ -75,8 +98,9 @@ class Protocol(HttpToolsProtocol):
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and not cycle.response_complete:  # the client left before its answer
-            for callback in cycle.scope.get(ON_LEAVE, ()):  # type: ignore[attr-defined]
-                callback()
+            departure = cycle.scope.get(ON_LEAVE)
+            if isinstance(departure, Departure):
+                departure.leave()
 
     def _count(self, size: int) -> None:
         self._head_bytes += size

@@ -1,0 +1,160 @@
+"""OpenTelemetry traces across the queue hop, configured the standard way (OTEL_* variables).
+
+Tracing is on in a process when an OTLP endpoint is set
+(OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), unless
+OTEL_SDK_DISABLED is true or OTEL_TRACES_EXPORTER is "none". Off, `tracer()`
+is None, nothing of OpenTelemetry is imported, and callers skip their spans
+with one test. On, spans go out through the SDK's batch processor and the
+OTLP/HTTP exporter, which read the rest of their settings (headers, timeouts,
+OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*) themselves.
+
+The trace context crosses Redis in the job (`Job.trace`, a W3C traceparent):
+the web tier puts its request span's there, and a worker makes each job's
+time in the queue a child of it, and its batch span a span of its own linked
+to every request it served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Link, Span, Tracer
+
+NO_SPAN = contextlib.nullcontext()  # what every span is when tracing is off: entered for nothing
+_providers: dict[tuple[int, str], Any] = {}  # (pid, service) -> its TracerProvider, or None when off
+
+
+def enabled(environ: os._Environ | dict[str, str] = os.environ) -> bool:
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def tracer(service: str) -> Tracer | None:
+    """This process's tracer for `service` (the default service.name), or None when tracing is off.
+
+    Made on first use in each process: the exporter's thread would not survive
+    gunicorn's fork if the parent made it.
+    """
+    key = (os.getpid(), service)
+    if key not in _providers:
+        _providers[key] = _provider(service) if enabled() else None
+    provider = _providers[key]
+    return None if provider is None else provider.get_tracer("funnel")
+
+
+def _provider(service: str) -> Any:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    # OTEL_SERVICE_NAME, when set, wins over the tier's name; OTEL_RESOURCE_ATTRIBUTES adds to it.
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
+def shutdown() -> None:
+    """Export the spans this process still holds (it is about to exit)."""
+    for (pid, _), provider in list(_providers.items()):
+        if provider is not None and pid == os.getpid():
+            provider.shutdown()
+
+
+def context_of(traceparent: str, tracestate: str = "") -> Any:
+    """The parent context a W3C traceparent (and tracestate) header names; an empty context when
+    the header is missing or malformed (the span then starts a new trace)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return TraceContextTextMapPropagator().extract(carrier)
+
+
+def traceparent_of(span: Span) -> str:
+    """A span's context as a W3C traceparent, for the job that carries it across Redis."""
+    found = span.get_span_context()
+    return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
+
+
+def link_to(traceparent: str) -> Link | None:
+    """A link to the span a job's traceparent names (None when it names none)."""
+    from opentelemetry import trace
+
+    found = trace.get_current_span(context_of(traceparent)).get_span_context()
+    return trace.Link(found) if found.is_valid else None
+
+
+class Spans:
+    """A tier's spans: real ones when tracing is on in this process, else the shared NO_SPAN."""
+
+    def __init__(self, service: str):
+        self.tracer = tracer(service)
+
+    def request(self, name: str, traceparent: str = "", tracestate: str = "", **attributes: Any) -> Any:
+        """A request's span, a child of the client's (its traceparent header) or a new trace's root."""
+        if self.tracer is None:
+            return NO_SPAN
+        from opentelemetry.trace import SpanKind
+
+        return self.tracer.start_as_current_span(name, context=context_of(traceparent, tracestate),
+                                                 kind=SpanKind.SERVER, attributes=_attributes(attributes))
+
+    def step(self, name: str) -> Any:
+        """A child of the current span (NO_SPAN when tracing is off)."""
+        return NO_SPAN if self.tracer is None else self.tracer.start_as_current_span(name)
+
+    def annotate(self, **attributes: Any) -> None:
+        """Attributes of the current span, once they are known."""
+        if self.tracer is not None:
+            from opentelemetry import trace
+
+            trace.get_current_span().set_attributes(_attributes(attributes))
+
+    def traceparent(self) -> str:
+        """The current span's traceparent, for the jobs it sends ("" when off)."""
+        if self.tracer is None:
+            return ""
+        from opentelemetry import trace
+
+        return traceparent_of(trace.get_current_span())
+
+    def batch(self, name: str, traceparents: list[str], start_ns: int, end_ns: int,
+              steps: dict[str, tuple[int, int]], **attributes: Any) -> None:
+        """A batch's span, told once it is over (its steps ran on several threads): the root of a
+        trace of its own, linked to each traced job's request span, with a child per step
+        (name -> (start, end), epoch ns)."""
+        if self.tracer is None:
+            return
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        links = [link for link in map(link_to, filter(None, traceparents)) if link is not None]
+        span = self.tracer.start_span(name, context=context_of(""), kind=SpanKind.CONSUMER, links=links,
+                                      attributes=_attributes(attributes), start_time=start_ns)
+        parent = trace.set_span_in_context(span)
+        for step, (began, ended) in steps.items():
+            self.tracer.start_span(step, context=parent, start_time=began).end(end_time=ended)
+        span.end(end_time=end_ns)
+
+    def waited(self, name: str, traceparent: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+        """A span already over, from start_ns to end_ns (epoch), a child of the span a job's traceparent
+        names: its time in the queue, told by the worker that took it."""
+        if self.tracer is None or not traceparent:
+            return
+        span = self.tracer.start_span(name, context=context_of(traceparent), start_time=start_ns,
+                                      attributes=_attributes(attributes))
+        span.end(end_time=max(start_ns, end_ns))
+
+
+def _attributes(given: dict[str, Any]) -> dict[str, Any]:
+    """Funnel's attributes, named funnel.<name>."""
+    return {f"funnel.{name}": value for name, value in given.items() if value is not None}
