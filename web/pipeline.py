@@ -40,7 +40,7 @@ from funnel.common.job_store import JobStore
 from funnel.common.keys import Keys
 from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Job, Reply, encode_job, now_ms
-from funnel.web import metrics
+from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
 from funnel.web.queueing import limits, push_script
 from funnel.web.queueing.inbox import Inbox
@@ -82,6 +82,19 @@ class Origin:
     label: str = ""  # that key's label: which limits apply (FUNNEL_KEY_LIMITS)
     traceparent: str = ""  # the client's W3C trace context, the parent of the request's span
     tracestate: str = ""
+
+    @classmethod
+    def of(cls, request_id: str, authorization: str, api_keys: list[str], traceparent: str = "",
+           tracestate: str = "") -> Origin:
+        """A request's origin from what its transport read (headers, gRPC metadata): 401 without a
+        key where FUNNEL_API_KEYS is set."""
+        identity = None
+        if api_keys:
+            identity = auth.identify(authorization, api_keys)
+            if identity is None:
+                raise auth.Unauthorized()
+        return cls(request_id=request_id, owner=identity.owner if identity else "",
+                   label=identity.label if identity else "", traceparent=traceparent, tracestate=tracestate)
 
 
 class Parser(Protocol):

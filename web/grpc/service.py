@@ -28,7 +28,7 @@ from funnel.common import logs
 from funnel.common.errors import BadInput, FunnelError, Unavailable
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
-from funnel.web import auth, errors
+from funnel.web import errors
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, read_inputs
@@ -119,16 +119,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """The call's key (UNAUTHENTICATED without one, where FUNNEL_API_KEYS is set), request id and
         trace context, from its metadata."""
         metadata = {k: str(v) for k, v in context.invocation_metadata() or ()}
-        identity = None
-        if self.settings.api_keys:
-            identity = auth.identify(metadata.get("authorization", ""), self.settings.api_keys)
-            if identity is None:
-                raise auth.Unauthorized()
         request_id = logs.request_id_of(metadata.get("x-request-id"))
         logs.REQUEST_ID.set(request_id)
-        return Origin(request_id=request_id, owner=identity.owner if identity else "",
-                      label=identity.label if identity else "", traceparent=metadata.get("traceparent", ""),
-                      tracestate=metadata.get("tracestate", ""))
+        return Origin.of(request_id, metadata.get("authorization", ""), self.settings.api_keys,
+                         metadata.get("traceparent", ""), metadata.get("tracestate", ""))
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

@@ -26,7 +26,7 @@ from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.wrappers import Request
 
 from funnel.common import logs
-from funnel.web import auth, metrics
+from funnel.web import metrics
 from funnel.web.pipeline import Adapter, Origin, Pipeline
 from funnel.web.protocols import openai, v1, v2
 from funnel.web.protocols.jobs import WEBHOOK_HEADER, wants_async
@@ -86,7 +86,8 @@ class Front:
                 return  # the client left before sending its body: nobody to answer
             environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
             request.body = body
-            origin = self._origin(environ, request_id)
+            origin = Origin.of(request_id, environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys,
+                               environ.get("HTTP_TRACEPARENT", ""), environ.get("HTTP_TRACESTATE", ""))
             if adapter is self.openai:  # its model is named in the body, not the path
                 params = {"name": self.openai.model_of(request)}
         except Exception as exc:
@@ -113,17 +114,6 @@ class Front:
                     "headers": [(b"content-length", str(len(data)).encode()),
                                 *((k.lower().encode(), v.encode()) for k, v in headers)]})
         await send({"type": "http.response.body", "body": data})
-
-    def _origin(self, environ: dict[str, Any], request_id: str) -> Origin:
-        """Who sent the request (401 without a key, where FUNNEL_API_KEYS is set) and its trace context."""
-        identity = None
-        if self.settings.api_keys:
-            identity = auth.identify(environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys)
-            if identity is None:
-                raise auth.Unauthorized()
-        return Origin(request_id=request_id, owner=identity.owner if identity else "",
-                      label=identity.label if identity else "", traceparent=environ.get("HTTP_TRACEPARENT", ""),
-                      tracestate=environ.get("HTTP_TRACESTATE", ""))
 
     def _route(self, scope: Any) -> tuple[Adapter, dict[str, str]] | None:
         path = scope["path"]
