@@ -12,7 +12,8 @@ that it restarts without refusing connections); `--workers-per-model` workers
 for text-embedding and for image-classifier. For `--duration` seconds
 (default 20 minutes) clients send /v1 texts and images, /v2 text infers, bulk
 jobs (submitted, polled to the end, their results read back) and requests whose
-clients hang up before their answer (benchmarks/chaos_load.py), while at random
+clients hang up before their answer (benchmarks/chaos_load.py), each predict in
+a priority lane drawn at random (`X-Priority`), while at random
 moments (seeded by --seed, planned up front) one of these happens, one at a time:
 
 - worker-kill: a worker SIGKILLed and a new one started for its model;
@@ -36,9 +37,8 @@ with one expire by themselves: counted apart); each process that lived through
 the soak within RSS_SLACK of its memory before. The table goes to
 benchmarks/results/chaos-<date>.md (chaos-cluster-... with --cluster), with the
 machine; tests/faults/test_chaos.py runs a short round and asserts the checks.
-
-On a Redis Cluster the bulk-job routes answer 501 today (web/protocols/jobs.py,
-refuse_on_cluster): --cluster sends no bulk jobs, and says so in its report.
+Bulk jobs go to a Redis Cluster as to Sentinel (a job's keys in its own slot,
+docs/redis.md).
 """
 
 from __future__ import annotations
@@ -198,7 +198,6 @@ class Result:
     before: Snapshot
     after: Snapshot
     dead_lettered: set[str] = field(default_factory=set)
-    bulk: bool = True
     drained_s: float = 0.0
     clients_ended: bool = True
     notes: list[str] = field(default_factory=list)
@@ -319,14 +318,13 @@ class Result:
              f"{len(self.refused)} refused (nothing sent), {len(self.refused_unexplained())} of them away from "
              f"an nginx restart"),
         ]
-        if self.bulk:
-            jobs = self.acknowledged_jobs
-            out.append(("bulk jobs complete, every result once", not self.incomplete_jobs and not self.bulk_twice
-                        and not sum(j.duplicates for j in jobs),
-                        f"{len(jobs)} acknowledged, {sum(j.state == 'done' for j in jobs)} done, "
-                        f"{len(self.incomplete_jobs)} incomplete "
-                        f"{[(j.job_id[:8], j.state, j.results, len(j.items)) for j in self.incomplete_jobs][:5]}, "
-                        f"{sum(j.duplicates for j in jobs)} second answers counted by their records"))
+        jobs = self.acknowledged_jobs
+        out.append(("bulk jobs complete, every result once", not self.incomplete_jobs and not self.bulk_twice
+                    and not sum(j.duplicates for j in jobs),
+                    f"{len(jobs)} acknowledged, {sum(j.state == 'done' for j in jobs)} done, "
+                    f"{len(self.incomplete_jobs)} incomplete "
+                    f"{[(j.job_id[:8], j.state, j.results, len(j.items)) for j in self.incomplete_jobs][:5]}, "
+                    f"{sum(j.duplicates for j in jobs)} second answers counted by their records"))
         grown = {k: (self.before.persistent.get(k, 0), n) for k, n in self.after.persistent.items()
                  if n > self.before.persistent.get(k, 0)}
         out.append(("Redis keys without a TTL back to their count", not grown and
@@ -579,12 +577,11 @@ class Soak:
                 request = traffic._one(kind, DEADLINE_S, rng)
                 if request.status != 200 or not request.correct:
                     raise RuntimeError(f"warm-up {kind} through {port}: {request}")
-            if not self.cluster:
-                for model in (TEXT, IMAGE):
-                    job = BulkJob(model, refs.texts[:16] if model == TEXT else [0, 1], time.time())
-                    traffic._run_job(job)
-                    if job.state != "done" or job.wrong or job.missing:
-                        raise RuntimeError(f"warm-up bulk job through {port}: {job}")
+            for model in (TEXT, IMAGE):
+                job = BulkJob(model, refs.texts[:16] if model == TEXT else [0, 1], time.time())
+                traffic._run_job(job)
+                if job.state != "done" or job.wrong or job.missing:
+                    raise RuntimeError(f"warm-up bulk job through {port}: {job}")
         # Then bursts, so that every worker runs full batches (ONNX Runtime's arena grows to the
         # largest batch it has run) before the baseline is taken.
         traffic = Traffic(self.front.port, refs, self.seed, DEADLINE_S)
@@ -624,7 +621,7 @@ class Soak:
             self.wait_workers(60)
             before = self.snapshot()
             traffic = Traffic(self.front.port, refs, self.seed, DEADLINE_S, self.clients, self.bulk_clients,
-                              self.pause_s, bulk=not self.cluster).start()
+                              self.pause_s).start()
             began = time.monotonic()
             chaos = threading.Thread(target=self._chaos, args=(began,), name="chaos", daemon=True)
             chaos.start()
@@ -639,13 +636,12 @@ class Soak:
             drained = self.drain()
             after = self.snapshot()
             dead = self.dead_lettered()
-            if not self.cluster:
-                _duplicates(self, traffic.jobs)
+            _duplicates(self, traffic.jobs)
         finally:
             self.stop()
         return Result("cluster" if self.cluster else "sentinel", self.seed, self.duration_s, self.events,
                       traffic.requests, traffic.jobs, ledgers.read(self.ledger_dir), before, after, dead,
-                      bulk=not self.cluster, drained_s=drained, clients_ended=ended, notes=notes,
+                      drained_s=drained, clients_ended=ended, notes=notes,
                       restarts=dict(self.restarts))
 
 
@@ -699,17 +695,13 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
     if errors:
         add("\nError answers by status and code: " + ", ".join(
             f"{status} `{code or '-'}` {n}" for (status, code), n in sorted(errors.items())) + ".")
-    if result.bulk:
-        jobs = result.jobs
-        states = collections.Counter(j.state for j in result.acknowledged_jobs)
-        add(f"\nBulk jobs: {len(jobs)} submitted, submit statuses "
-            f"{dict(collections.Counter(j.submit_status for j in jobs))}; the acknowledged ended {dict(states)}; "
-            f"{sum(len(j.items) for j in result.acknowledged_jobs)} items, "
-            f"{sum(j.results for j in result.acknowledged_jobs)} results read back, "
-            f"{sum(j.failed_items for j in result.acknowledged_jobs)} of them item errors.")
-    else:
-        add("\nBulk jobs: not sent. On a Redis Cluster the job routes answer 501 `unsupported_on_cluster` "
-            "(web/protocols/jobs.py, refuse_on_cluster).")
+    jobs = result.jobs
+    states = collections.Counter(j.state for j in result.acknowledged_jobs)
+    add(f"\nBulk jobs: {len(jobs)} submitted, submit statuses "
+        f"{dict(collections.Counter(j.submit_status for j in jobs))}; the acknowledged ended {dict(states)}; "
+        f"{sum(len(j.items) for j in result.acknowledged_jobs)} items, "
+        f"{sum(j.results for j in result.acknowledged_jobs)} results read back, "
+        f"{sum(j.failed_items for j in result.acknowledged_jobs)} of them item errors.")
     add("\n## Checks\n")
     add("| check | held | figures |")
     add("|---|---|---|")
@@ -776,7 +768,7 @@ def header(result: Result, command: str, elapsed_s: float, clients: int, bulk_cl
             f"text-embedding and image-classifier (heartbeat TTL {HEARTBEAT_TTL_S:g} s). FUNNEL_REQUEST_TIMEOUT_S="
             f"{DEADLINE_S:g}, half the requests asking for 3, 5 or 8 s (`X-Request-Timeout`); {clients} clients "
             f"(/v1 text, texts, image; /v2 text; hang-ups after 20-300 ms)"
-            f"{'' if cluster else f'; {bulk_clients} bulk-job client(s)'}. "
+            f"; {bulk_clients} bulk-job client(s). "
             f"Each client waits {CLIENT_MARGIN_S:g} s past its deadline; a status-less end is `refused`, "
             f"`reset`, `timeout` or `hung_up` (on purpose).\n\n")
 
@@ -814,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=1200.0, help="seconds of traffic (default 20 minutes)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the events' moments and the traffic")
-    parser.add_argument("--cluster", action="store_true", help="a Redis Cluster (bulk jobs skipped: 501 there)")
+    parser.add_argument("--cluster", action="store_true", help="a Redis Cluster instead of Sentinel")
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--bulk-clients", type=int, default=1)
     parser.add_argument("--workers-per-model", type=int, default=2)

@@ -237,6 +237,7 @@ class Traffic:
     def _one(self, kind: str, deadline: float, rng: random.Random) -> Request:
         refs = self.refs
         headers = {"X-Request-Timeout": f"{deadline:g}"} if deadline != self.deadline_s else {}
+        headers["X-Priority"] = rng.choice(("high", "normal", "normal", "low"))  # every lane under the faults
         request = Request(kind, time.time(), deadline)
         if kind == "hangup":
             text = rng.choice(refs.texts)

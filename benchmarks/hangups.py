@@ -19,6 +19,7 @@ benchmarks/results/hangups-<date>.md with the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import socket
@@ -26,6 +27,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +59,20 @@ def settled(client: redis.Redis, quiet_s: float = 3.0) -> dict[str, float]:
         if now != last:
             last, since = now, time.monotonic()
     return last
+
+
+@contextlib.contextmanager
+def paced_stack(**web_env: str) -> Iterator[Stack]:
+    """A stack of one worker of the toy scorer paced at 10 ms + 5 ms an item in batches of up to 4."""
+    with tempfile.TemporaryDirectory(prefix="funnel-paced-") as tmp:
+        store, work = Path(tmp) / "store", Path(tmp) / "work"
+        store.mkdir()
+        work.mkdir()
+        toy_model.add_paced(store, work, MODEL, 0.01, 0.005, batch_size=4)
+        env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
+        with Stack(model_store=store, models=[MODEL], worker_env=env,
+                   web_env={**env, "FUNNEL_REQUEST_TIMEOUT_S": "60", **web_env}) as stack:
+            yield stack
 
 
 def send(port: int, leave_s: float | None) -> None:
@@ -112,19 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--leave-ms", type=float, default=50)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="funnel-hangups-") as tmp:
-        store, work = Path(tmp) / "store", Path(tmp) / "work"
-        store.mkdir()
-        work.mkdir()
-        done = toy_model.add_toy(store, work, MODEL, "toyscore.tasks:PacedScore", "--set", "pace_batch_s=0.01",
-                                 "--set", "pace_item_s=0.005", "--batch-size", "4")
-        assert done.returncode == 0, done.stderr
-        env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
-        with Stack(model_store=store, models=[MODEL], worker_env=env,
-                   web_env={**env, "FUNNEL_SHED": "0", "FUNNEL_REQUEST_TIMEOUT_S": "60"}) as stack:
-            http("POST", f"{stack.url}/v1/models/{MODEL}/predict", BODY, headers={"Content-Type": "application/json"})
-            rows = [round_(stack, args.requests, args.clients, None),
-                    round_(stack, args.requests, args.clients, args.leave_ms / 1000)]
+    with paced_stack(FUNNEL_SHED="0") as stack:
+        http("POST", f"{stack.url}/v1/models/{MODEL}/predict", BODY, headers={"Content-Type": "application/json"})
+        rows = [round_(stack, args.requests, args.clients, None),
+                round_(stack, args.requests, args.clients, args.leave_ms / 1000)]
     stamp = dt.datetime.now()
     lines = [f"# Clients that hang up, {stamp:%Y-%m-%d %H:%M}", "",
              f"Machine: {machine()}", "",

@@ -12,22 +12,42 @@ workers for the model instead of one; ROUTE=v2 sends the same sentence to
 service's ModelInfer in raw_input_contents (funnel-grpc, loaded by
 benchmarks/grpc_load.py instead of wrk; its CPU is then the "web" column);
 ITEMS=N sends N copies of the sentence in each request; PYTHONPATH=<a
-checkout's link tree> runs another version of Funnel), or, named `bare...`,
+checkout's link tree> runs another version of Funnel; COMMIT=<rev> runs a commit
+of this repository, exported with `git archive` into a temporary folder (both
+tiers: its web tier with its own worker, whose wire and scripts match);
+SNAPSHOT=1 runs this working tree as it was when the run started (steady while
+others edit it); HOOKS=stripped takes the web tier's tracing calls out of that
+code's web/pipeline.py, the working tree's when neither is given (`strip_spans`:
+the build the no-op path is measured against); OTLP=sink turns tracing on,
+exporting to a sink in this process that reads and drops every OTLP/HTTP
+export), or, named `bare...`,
 the floor: an ASGI app that parses the JSON and answers a constant under the
 same gunicorn settings (benchmarks/peers/bare_asgi.py); every round starts each
 variant in turn (the order rotating), warms it, runs wrk with one sentence
 per POST at each number of clients, and reads the CPU seconds of the web processes (gunicorn master and
 workers, or funnel-grpc), the worker and Redis from /proc over the run. Throughput and CPU are per item
 (a sentence: one per request but with ITEMS). Prints medians over rounds and saves the table under
-benchmarks/results/ with the machine.
+benchmarks/results/ with the machine. Each variant's web CPU is also given
+against the baseline's (--baseline, the first variant unless named) round by
+round, its ratio to the baseline's run of the same round: the median of those
+ratios and their range, drift of the machine between rounds cancelling
+(--baseline is repeatable: a column each).
+--max-other CORES runs a variant again (up to LOAD_RETRIES times) when the rest
+of the machine used more than that meanwhile (a shared machine's bursts).
+--hook-cost adds, in process, what the tracing calls of one /v1 predict cost
+with tracing off (the no-op path of common/tracing.py).
 
     python -m benchmarks.web_cpu --variant v1= --variant v2=ROUTE=v2 --variant openai=ROUTE=openai \
         --variant grpc=ROUTE=grpc     # the four doors to the same model, in one run
+    python -m benchmarks.web_cpu --rounds 8 --duration 8 --variant off=SNAPSHOT=1 --variant stripped=HOOKS=stripped \
+        --variant before=COMMIT=1cd4d1c --variant on=SNAPSHOT=1,OTLP=sink --baseline before \
+        --baseline stripped --hook-cost --max-other 0.15     # tracing's cost, off and on
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime as dt
 import json
@@ -35,14 +55,20 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from benchmarks import ROOT, save
 from benchmarks.core import BODY, SENTENCE, V2_BODY, in_process_ceiling, machine, wrk
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.systems import gunicorn
 from funnel.common import settings as loader
+from funnel.common import tracing
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
 from funnel.web.settings import WebSettings
@@ -58,7 +84,10 @@ ROUTES = {
     "openai": ("/v1/embeddings", lambda n: json.dumps({"model": MODEL, "input": SENTENCE if n == 1 else [SENTENCE] * n,
                                                        "encoding_format": "base64"})),
 }
-BENCH_ONLY = ("ROUTE", "WORKERS", "ITEMS")  # the variant's own options, not settings
+# The variant's own options, not settings.
+BENCH_ONLY = ("ROUTE", "WORKERS", "ITEMS", "COMMIT", "SNAPSHOT", "HOOKS", "OTLP")
+PACKAGES = ("common", "web", "worker", "scripts")  # the folders pyproject.toml installs as funnel.<folder>
+LOAD_RETRIES = 3  # --max-other's tries of a run beyond the first
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -80,6 +109,156 @@ def bare(env: dict[str, str]):
     finally:
         web.terminate()
         web.wait(10)
+
+
+def code(into: Path, commit: str | None, hooks: bool = True) -> str:
+    """A commit of this repository (`git archive`), or this working tree's packages as they are now
+    (commit None), copied into `into`, and a PYTHONPATH entry that imports it as `funnel.*`: a
+    folder of links named as pyproject.toml's package-dir maps them (the editable install maps
+    funnel.<folder> to this checkout's folders, and a path entry is searched first). Without
+    hooks, its web/pipeline.py's tracing calls are taken out (strip_spans)."""
+    source, links = into / "src", into / "pp" / "funnel"
+    source.mkdir(parents=True)
+    links.mkdir(parents=True)
+    if commit is not None:
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    for package in PACKAGES:
+        if commit is None:
+            shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+        (links / package).symlink_to(source / package)
+    if not hooks:
+        pipeline = source / "web" / "pipeline.py"
+        pipeline.write_text(strip_spans(pipeline.read_text()))
+    return str(links.parent)
+
+
+def strip_spans(code: str) -> str:
+    """A module's source without its calls to `self.spans`: each `with self.spans.<span>(...):`
+    replaced by its body, each `self.spans.annotate(...)` by `pass`, `self.spans.traceparent()` by
+    "" (what it is when off). SystemExit if one is left (a hook of a shape this does not know)."""
+
+    def hook(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "spans"
+                and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self")
+
+    class Strip(ast.NodeTransformer):
+        def visit_With(self, node: ast.With) -> Any:
+            self.generic_visit(node)
+            return node.body if len(node.items) == 1 and hook(node.items[0].context_expr) else node
+
+        def visit_Expr(self, node: ast.Expr) -> Any:
+            return ast.Pass() if hook(node.value) else self.generic_visit(node)
+
+        def visit_Call(self, node: ast.Call) -> Any:
+            if hook(node) and isinstance(node.func, ast.Attribute) and node.func.attr == "traceparent":
+                return ast.Constant("")
+            return self.generic_visit(node)
+
+    tree = ast.fix_missing_locations(Strip().visit(ast.parse(code)))
+    left = [getattr(n, "lineno", 0) for n in ast.walk(tree) if hook(n)]
+    if left:
+        raise SystemExit(f"strip_spans: tracing calls of an unknown shape left at lines {left}")
+    return ast.unparse(tree)
+
+
+class Sink:
+    """An OTLP/HTTP endpoint on 127.0.0.1 that reads and drops every export, counting them (a
+    collector's cost is not the web tier's)."""
+
+    def __init__(self) -> None:
+        self.exports = self.bytes = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector answers the exporter's session
+
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                sink.bytes += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def environments(variants: list[tuple[str, dict[str, str]]], folder: Path,
+                 sink: Sink | None) -> tuple[dict[str, dict], list[str]]:
+    """Each variant's environment to start with: its own, plus what COMMIT, SNAPSHOT, HOOKS and OTLP
+    stand for; and the commits they named, resolved (HEAD moves)."""
+    made: dict[tuple, str] = {}  # each code's PYTHONPATH entry, made once for the run
+    out, commits = {}, []
+    for name, env in variants:
+        extra = {}
+        if env.get("HOOKS", "stripped") != "stripped" or env.get("SNAPSHOT", "1") != "1":
+            raise SystemExit(f"{name}: HOOKS takes one value, stripped; SNAPSHOT one, 1")
+        if "COMMIT" in env or "SNAPSHOT" in env or "HOOKS" in env:
+            commit = env.get("COMMIT")
+            if commit is not None:
+                resolved = subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True,
+                                          text=True, check=True).stdout.strip()
+                commits.append(f"COMMIT={commit} is {resolved}")
+            which = (commit, "HOOKS" not in env)
+            if which not in made:
+                made[which] = code(folder / f"code-{len(made)}", commit, hooks=which[1])
+            extra["PYTHONPATH"] = made[which]
+        if "OTLP" in env:
+            if env["OTLP"] != "sink" or sink is None:
+                raise SystemExit(f"{name}: OTLP takes one value, sink")
+            extra["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
+        out[name] = {**env, **extra}
+    return out, sorted(set(commits))
+
+
+def hook_cost(iterations: int = 200_000, repeats: int = 7) -> float:
+    """Tracing off, in process: ns per request of the tracing calls Pipeline.infer and run make for
+    one /v1 predict (the request's span, two annotations, six steps, the traceparent for its jobs),
+    less an empty loop's; the median of `repeats`."""
+    spans = tracing.Spans("funnel-web")
+    spans.tracer = None  # off, whatever this process's environment says
+    name, request_id = MODEL, "0123456789abcdef"
+
+    def hooks() -> None:
+        with spans.request(f"predict {name}", "", "", request_id=request_id):
+            spans.annotate(model=name, model_version=1)
+            with spans.step("parse"):
+                pass
+            with spans.step("prepare"):
+                pass
+            spans.annotate(items=1)
+            with spans.step("admit"):
+                pass
+            spans.traceparent()
+            with spans.step("enqueue"):
+                pass
+            with spans.step("wait"):
+                pass
+            with spans.step("render"):
+                pass
+
+    def nothing() -> None:
+        pass
+
+    def per_call(body) -> float:
+        started = time.perf_counter_ns()
+        for _ in range(iterations):
+            body()
+        return (time.perf_counter_ns() - started) / iterations
+
+    return statistics.median(per_call(hooks) - per_call(nothing) for _ in range(repeats))
 
 
 def wait_for_answer(url: str, body: str, timeout_s: float = 60) -> None:
@@ -148,31 +327,38 @@ def measure(name: str, env: dict[str, str], clients: list[int], duration_s: int)
     return runs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.web_cpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=int, default=10, help="seconds of each wrk run")
-    parser.add_argument("--clients", default="32", help="comma-separated numbers of concurrent clients")
-    parser.add_argument("--variant", action="append", default=[],
-                        help="NAME=FUNNEL_SETTING=value,... (the stack's environment, web tier and worker; "
-                             "WORKERS=N: N workers); repeatable")
-    args = parser.parse_args(argv)
-    if not shutil.which("wrk"):
-        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
-    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
-    clients = [int(c) for c in args.clients.split(",")]
+def measure_rounds(variants: list[tuple[str, dict[str, str]]], started: dict[str, dict], clients: list[int],
+                   rounds: int, duration_s: int, max_other: float) -> tuple[dict[tuple[str, int], list[dict]], int]:
+    """Every variant once a round, the order rotating and the clients' sweep reversed every other
+    round: the runs by (variant, clients), in round order, and how many were made again because
+    the rest of the machine used more than max_other cores meanwhile."""
     runs: dict[tuple[str, int], list[dict]] = {}
-    for round_ in range(args.rounds):
+    repeated = 0
+    for round_ in range(rounds):
         shift = round_ % len(variants)
-        for name, env in variants[shift:] + variants[:shift]:
-            for run in measure(name, env, clients if round_ % 2 == 0 else clients[::-1], args.duration):
+        for name, _ in variants[shift:] + variants[:shift]:
+            for attempt in range(1 + LOAD_RETRIES):
+                got = measure(name, started[name], clients if round_ % 2 == 0 else clients[::-1], duration_s)
+                loaded = [r["other_cores"] for r in got if r["other_cores"] > max_other]
+                if not loaded or attempt == LOAD_RETRIES:
+                    break
+                repeated += 1
+                print(f"round {round_ + 1}: {name} ran beside {max(loaded):.2f} other cores: again", flush=True)
+            for run in got:
                 runs.setdefault((name, run["clients"]), []).append(run)
                 print(f"round {round_ + 1}: {name}, {run['clients']} clients: {run['rps']:.0f} req/s, "
                       f"web {run['web_ms']:.3f} ms/req, worker {run['worker_ms']:.2f}, "
                       f"other {run['other_cores']:.2f} cores", flush=True)
-    ceiling = in_process_ceiling(32)
-    table = ["| variant | web settings | clients | items/s [min–max] | vs ceiling | p50 ms | p99 ms | CPU ms/item "
-             "web [min–max] | worker | redis | load + other (cores) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    return runs, repeated
+
+
+def table(variants: list[tuple[str, dict[str, str]]], clients: list[int], runs: dict[tuple[str, int], list[dict]],
+          baselines: list[str], ceiling: float) -> list[str]:
+    """The report's table: a row per clients and variant, medians over rounds [min–max]."""
+    against = "".join(f" web / {b}'s, per round [min–max] |" for b in baselines)
+    rows = ["| variant | web settings | clients | items/s [min–max] | vs ceiling | p50 ms | p99 ms | CPU ms/item "
+            f"web [min–max] |{against} worker | redis | load + other (cores) |",
+            "|" + "---|" * (11 + len(baselines))]
     for c in clients:
         for name, env in variants:
             got = runs[name, c]
@@ -181,11 +367,60 @@ def main(argv: list[str] | None = None) -> int:
                 return statistics.median(r[key] for r in got)
 
             rps, web = [r["rps"] for r in got], [r["web_ms"] for r in got]
+            ratios = ""
+            for baseline in baselines:
+                # Paired by round (the runs of a round are the variants' i-th): the machine's drift cancels.
+                each = [r["web_ms"] / b["web_ms"] for r, b in zip(got, runs[baseline, c])]
+                ratios += f" {statistics.median(each):.3f} [{min(each):.3f}–{max(each):.3f}] |"
             settings = ", ".join(f"{k}={v}" for k, v in env.items()) or "defaults"
-            table.append(f"| {name} | {settings} | {c} | {med('rps'):.0f} [{min(rps):.0f}–{max(rps):.0f}] | "
-                         f"{med('rps') / ceiling:.2f} | {med('p50'):.1f} | {med('p99'):.1f} | "
-                         f"{med('web_ms'):.3f} [{min(web):.3f}–{max(web):.3f}] | {med('worker_ms'):.2f} | "
-                         f"{med('redis_ms'):.3f} | {med('other_cores'):.2f} |")
+            rows.append(f"| {name} | {settings} | {c} | {med('rps'):.0f} [{min(rps):.0f}–{max(rps):.0f}] | "
+                        f"{med('rps') / ceiling:.2f} | {med('p50'):.1f} | {med('p99'):.1f} | "
+                        f"{med('web_ms'):.3f} [{min(web):.3f}–{max(web):.3f}] |{ratios} "
+                        f"{med('worker_ms'):.2f} | {med('redis_ms'):.3f} | {med('other_cores'):.2f} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.web_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=10, help="seconds of each wrk run")
+    parser.add_argument("--clients", default="32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=FUNNEL_SETTING=value,... (the stack's environment, web tier and worker; "
+                             "WORKERS=N: N workers; COMMIT=<rev>: that commit's code; OTLP=sink: traced); "
+                             "repeatable")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="a variant the others' web CPU is compared with, round by round (default: the first); "
+                             "repeatable")
+    parser.add_argument("--max-other", type=float, default=float("inf"),
+                        help=f"run a variant again (at most {LOAD_RETRIES} times) when the rest of the machine "
+                             "used more than this many cores meanwhile (shared machines)")
+    parser.add_argument("--hook-cost", action="store_true",
+                        help="also time, in process, the tracing calls of one predict with tracing off")
+    args = parser.parse_args(argv)
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    baselines = args.baseline or [variants[0][0]]
+    for baseline in baselines:
+        if baseline not in dict(variants):
+            raise SystemExit(f"--baseline {baseline}: no such variant")
+    clients = [int(c) for c in args.clients.split(",")]
+    sink = Sink() if any("OTLP" in env for _, env in variants) else None
+    with tempfile.TemporaryDirectory(prefix="web-cpu-") as folder:
+        started, commits = environments(variants, Path(folder), sink)
+        runs, repeated = measure_rounds(variants, started, clients, args.rounds, args.duration, args.max_other)
+    if sink is not None:
+        sink.close()
+    ceiling = in_process_ceiling(32)
+    notes = [", ".join(commits) + "."] if commits else []
+    if args.max_other != float("inf"):
+        notes.append(f"--max-other {args.max_other:g}: {repeated} runs made again for the machine's other load.")
+    if sink is not None:
+        notes.append(f"OTLP=sink: {sink.exports} exports ({sink.bytes / 1e6:.1f} MB) reached the sink.")
+    if args.hook_cost:
+        notes.append(f"Tracing off, in process: the tracing calls of one /v1 predict cost {hook_cost():.0f} ns "
+                     "(benchmarks/web_cpu.py's hook_cost).")
     stamp = dt.datetime.now()
     report = (f"# Web tier CPU per request, {stamp:%Y-%m-%d %H:%M}\n\nMachine: {machine()}\n\n"
               f"Command: `python -m benchmarks.web_cpu {' '.join(argv or sys.argv[1:])}` ({MODEL}, wrk -t1 "
@@ -193,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
               f"medians over {args.rounds} interleaved rounds, "
               f"the variants' order rotating and the clients' sweep reversed every other round; in-process "
               f"ONNX ceiling at batch 32: {ceiling:.0f} items/s)\n\n"
-              + "\n".join(table) + "\n")
+              + "\n".join(table(variants, clients, runs, baselines, ceiling)) + "\n"
+              + "".join(f"\n{note}\n" for note in notes))
     save("web-cpu", report)
     shutil.rmtree(ROOT / "benchmarks" / "results" / "tmp", ignore_errors=True)
     return 0

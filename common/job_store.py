@@ -11,6 +11,14 @@ job TTL: a second submit with it from the same API key gets that job back, or
 a Conflict when its body differs; concurrent submits with one key make one job
 (WATCH on the key). Another API key's same Idempotency-Key is another key.
 
+On a Redis Cluster the record is in its job's slot, the items' bulk queue and
+the Idempotency-Key in the model's (common/keys.py): the record is written
+first, then the same WATCH and MULTI queue the items and set the key. Before
+the MULTI no item exists, so a worker never finds an item without its record;
+a submit that loses the key's race, or fails, deletes the record it wrote. A
+web process killed between the two leaves a record with no items, that no
+client was told of, until the job TTL expires it (shown queued meanwhile).
+
 Every call that touches a job says who asks (jobs.Caller): a job is its
 submitter's, and anyone else (but an admin key) is answered as for an id that
 never existed, after the same Redis round trips (no timing tell).
@@ -47,44 +55,28 @@ class Conflict(FunnelError):
     status, code = 422, "idempotency_key_reused"
 
 
-class OnCluster(FunnelError):
-    """A job's record, its results and the due webhooks are written together by one script, and
-    the webhook deliverer reads job records by name: a cluster refuses both across slots
-    (docs/redis.md)."""
-
-    status, code = 501, "unsupported_on_cluster"
-
-    def __init__(self) -> None:
-        super().__init__("async and bulk jobs are not available on a Redis Cluster deployment; send "
-                         "interactive predicts, or use a single Redis (or Sentinel)")
-
-
 class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int):
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
         self._cancel = lua_scripts.register(client, "cancel")
 
-    def usable(self) -> None:
-        """OnCluster on a Redis Cluster; every other method checks it first."""
-        if self.keys.cluster:
-            raise OnCluster()
-
     # -- create ----------------------------------------------------------------
 
     def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict],
-                      version: int = 1) -> list[bytes]:
+                      version: int = 1, trace: str = "") -> list[bytes]:
         """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
-        replying into the job's results hash. Encoded one by one, so only the wire bytes of every
-        item are held, not their tensors too."""
+        replying into the job's results hash, carrying `trace` (the job span's traceparent, "" when
+        not traced). Encoded one by one, so only the wire bytes of every item are held, not their
+        tensors too."""
         results = self.keys.job_results(job_id)
         return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, inputs=item, reply_to=results,
-                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version))
+                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version,
+                               trace=trace))
                 for i, item in enumerate(inputs)]
 
     def check_room(self, model: str, adding: int, max_bulk_queue: int, version: int = 1) -> None:
         """Overloaded (503) when `adding` more items would make the model version's bulk queue longer
         than max_bulk_queue."""
-        self.usable()
         queued: int = self.client.llen(self.keys.bulk(model, version))
         if queued + adding > max_bulk_queue:
             raise Overloaded(f"the {model} bulk queue holds {queued} items; {adding} more would pass "
@@ -96,7 +88,6 @@ class JobStore:
         """Write the record, owned by the caller, and queue every item in one transaction: (the
         record, False). With an Idempotency-Key that a concurrent submit by the same caller used
         first: (that job's record, True), nothing written; Conflict if that submit's body differed."""
-        self.usable()
         ttl_ms = self.ttl_s * 1000
         record: dict = {
             "model": model, "version": version, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
@@ -105,31 +96,53 @@ class JobStore:
             **({"webhook_url": webhook} if webhook else {})}
         idem = self._idempotency(model, idempotency_key, caller) if idempotency_key is not None else None
         job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
-        with self.client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    if idem:
-                        pipe.watch(idem)  # a key set since by another submit fails the EXEC
-                        existing = self._replay(pipe, idem, body_sha256, caller)
-                        if existing is not None:
-                            return existing, True
-                    pipe.multi()
-                    pipe.hset(job, mapping=record)
-                    pipe.pexpire(job, ttl_ms)
-                    for start in range(0, len(payloads), PUSH_CHUNK):
-                        pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
-                    if idem:
-                        pipe.set(idem, job_id, px=ttl_ms)
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue  # the key changed between WATCH and EXEC: read it again
+        apart = self.keys.cluster  # the record's slot is the job's, the MULTI's the model's: written first
+        if apart:
+            self._write_record(self.client.pipeline(transaction=True), job, record, ttl_ms).execute()
+        made = False
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        if idem:
+                            pipe.watch(idem)  # a key set since by another submit fails the EXEC
+                            existing = self._replay(pipe, idem, body_sha256, caller)
+                            if existing is not None:
+                                return existing, True
+                        pipe.multi()
+                        if not apart:
+                            self._write_record(pipe, job, record, ttl_ms)
+                        for start in range(0, len(payloads), PUSH_CHUNK):
+                            pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
+                        if idem:
+                            pipe.set(idem, job_id, px=ttl_ms)
+                        pipe.execute()
+                        made = True
+                        break
+                    except redis.WatchError:
+                        continue  # the key changed between WATCH and EXEC: read it again
+        finally:
+            if apart and not made:  # replayed, refused or failed: no item of it was queued
+                self._forget(job)
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+
+    @staticmethod
+    def _write_record(pipe: Any, job: str, record: dict, ttl_ms: int) -> Any:
+        pipe.hset(job, mapping=record)
+        pipe.pexpire(job, ttl_ms)
+        return pipe
+
+    def _forget(self, job: str) -> None:
+        """Delete a record whose items were never queued (a cluster's create): best effort, since
+        it fails where Redis has gone, and such a record only waits for its TTL."""
+        try:
+            self.client.delete(job)
+        except redis.RedisError:
+            pass
 
     def replay(self, model: str, idempotency_key: str, body_sha256: str, caller: Caller) -> jobs.Record | None:
         """The live job this caller's Idempotency-Key made for `model`, else None; Conflict when it
         was made from another body."""
-        self.usable()
         return self._replay(self.client, self._idempotency(model, idempotency_key, caller), body_sha256, caller)
 
     def _idempotency(self, model: str, idempotency_key: str, caller: Caller) -> str:
@@ -146,7 +159,9 @@ class JobStore:
         if job_id is None:
             return None
         job_id = job_id.decode()
-        raw = conn.hgetall(self.keys.job(job_id)) if jobs.is_job_id(job_id) else {}
+        # Read by the client, not conn (which may be a pipeline watching idem): on a cluster the
+        # record is in another slot than the key, and a watching pipeline stays in one.
+        raw = self.client.hgetall(self.keys.job(job_id)) if jobs.is_job_id(job_id) else {}
         if not raw:
             return None  # its job expired: this key makes a new one
         record = jobs.Record.parse(job_id, raw)
@@ -164,7 +179,6 @@ class JobStore:
         its last item; None for one not answered yet), read together. NotFound (404) for a job
         that never was, Gone (410) for one past its TTL; another caller's job (unless the caller is
         an admin) is answered as one that never was, after the same reads and the same compare."""
-        self.usable()
         if not jobs.is_job_id(job_id):  # the id's shape is public: nothing to hide, nothing read
             raise NotFound(f"no job {job_id!r}", code="unknown_job")
         pipe = self.client.pipeline(transaction=True)
@@ -190,14 +204,17 @@ class JobStore:
         record after; NotFound or Gone as load(), for another caller's job too, which is left as
         it was."""
         self.load(job_id, caller)  # the caller's to cancel? (an owner never changes: no race)
-        self._cancel(keys=[self.keys.job(job_id), self.keys.webhooks_due()], args=[now_ms(), job_id])
+        # On a cluster the due set is in another slot: the script leaves it, and says whether to mark it.
+        due = [] if self.keys.cluster else [self.keys.webhooks_due()]
+        _, pending = self._cancel(keys=[self.keys.job(job_id), *due], args=[now_ms(), job_id])
+        if pending and not due:
+            jobs.mark_due(self.client, self.keys, [job_id])
         return self.load(job_id, caller)[0]
 
     def result_pages(self, record: jobs.Record, offset: int = 0,
                      chunk: int = RESULTS_CHUNK) -> Iterator[list[bytes | None]]:
         """The job's result payloads from offset to its last item, `chunk` at a time, one HMGET
         each; None for an item not answered yet."""
-        self.usable()
         key = self.keys.job_results(record.id)
         for start in range(offset, record.total, chunk):
             yield self.client.hmget(key, list(range(start, min(start + chunk, record.total))))  # type: ignore[misc]

@@ -1,14 +1,24 @@
 """Async and bulk jobs: the job record, its states, and how both tiers read and write it.
 
-A job is a hash `funnel:job:<id>` (fields below) and a results hash
-`funnel:job:<id>:results` (item index -> msgpack reply). Its items are
-ordinary wire Jobs on `funnel:bulk:<model>`, with id `<job id>-<index>` and
+A job is a hash `funnel:job:{<id>}` (fields below) and a results hash
+`funnel:job:{<id>}:results` (item index -> msgpack reply), both tagged with
+the job id, so on a Redis Cluster they share a slot. Its items are ordinary
+wire Jobs on `funnel:bulk:{<model>}:<version>`, with id `<job id>-<index>` and
 reply_to the results hash, so they go through the workers' in-flight lists
 and recovery like any other job. A worker stores an item's reply with
 HSETNX (a second answer to the same item is counted as a duplicate, never
 stored), counts it in `done` and pushes both keys' TTL to the job's
 `ttl_ms` from now: results are kept FUNNEL_JOB_TTL_S after a job's last
 progress. A worker drops, unrun, the items of a cancelled or expired job.
+
+Where a worker stores: on a single Redis in the MULTI whose reply script
+forgets the batch's messages from its in-flight list (store_results), all or
+nothing. On a cluster the results are in the job's slot and the in-flight
+list in the model's, so no one step holds both: the results are stored first
+(store_results_apart), then the reply script runs. A worker that dies between
+the two leaves the messages in flight; recovery requeues them, and their
+second answer is counted, not stored: nothing acknowledged is lost, nothing
+stored twice.
 
 The state is derived, never stored, except for `cancelled`:
 
@@ -24,8 +34,14 @@ gives that key (both "" where the server has no API keys). Only its owner, or
 an admin key, may read or cancel it (Caller, below; common/job_store.py checks).
 
 A job submitted with a webhook carries `webhook_url`; the step that makes it
-final (the last item stored, or the cancel) also makes its delivery due, in
-the same script (common/lua/store_results.lua, cancel.lua).
+final (the last item stored, or the cancel) sets its `webhook_state` to
+pending and, on a single Redis, makes its delivery due in the same script
+(common/lua/store_results.lua, cancel.lua). On a cluster the due set is in
+another slot: the caller marks it due (mark_due, ZADD NX) after every store
+or cancel that finds the delivery pending, and a worker does the same for a
+cancelled job whose items it drops, so a process that dies between the two
+steps leaves the mark to the next answer, drop or cancel of the job (the
+deliverer drops marks of deliveries no longer pending).
 
 common/job_store.py creates, reads and cancels jobs for the web tier.
 """
@@ -167,24 +183,57 @@ class Record:
 
 # -- the worker's side -------------------------------------------------------
 
-def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> None:
-    """Queue, on a pipeline (MULTI), the store of these item replies into their job's results hash
-    (common/lua/store_results.lua: once per index; an expired job's are dropped)."""
+def _store_call(keys: Keys, results_key: str, replies: list[Reply]) -> tuple[str, list] | None:
+    """(job id, the store script's ARGV) for these item replies; None when none is an item of the
+    job whose results hash this is."""
     job_id = keys.job_of_results(results_key)
     args: list = [now_ms(), job_id]
     for reply in replies:
         head, _, index = reply.id.rpartition("-")
         if head == job_id and index.isdigit():  # else not an item of this job (a forged message)
             args += [int(index), encode_reply(reply), int(reply.ok)]
-    if len(args) > 2:
+    return (job_id, args) if len(args) > 2 else None
+
+
+def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply]) -> None:
+    """Queue, on a pipeline (MULTI) of a single Redis, the store of these item replies into their
+    job's results hash (common/lua/store_results.lua: once per index; an expired job's are
+    dropped), its webhook made due in the same step. Not on a cluster: store_results_apart."""
+    call = _store_call(keys, results_key, replies)
+    if call is not None:
+        job_id, args = call
         lua_scripts.register(pipe, "store_results")(keys=[keys.job(job_id), results_key, keys.webhooks_due()],
                                                     args=args)
+
+
+def store_results_apart(client: redis.Redis, keys: Keys, results_key: str, replies: list[Reply]) -> None:
+    """Store these item replies as steps of their own, for a Redis Cluster (the job's slot is
+    neither its model's nor the due set's): the store script, then the delivery's due mark while
+    its webhook is pending. Both are safe to run again, so a caller runs this before it forgets the
+    items' messages: dying in between, it has them run again, their answers counted as duplicates."""
+    call = _store_call(keys, results_key, replies)
+    if call is not None:
+        job_id, args = call
+        _, pending = lua_scripts.register(client, "store_results")(keys=[keys.job(job_id), results_key], args=args)
+        if pending:
+            mark_due(client, keys, [job_id])
+
+
+def mark_due(client: redis.Redis, keys: Keys, job_ids: list[str]) -> None:
+    """Make these jobs' pending webhook deliveries due now, where a script could not in the step that
+    made them pending (a cluster): ZADD NX, so a delivery already due, leased or waiting for its
+    retry keeps its time, and marking twice is marking once. A mark the deliverer finds no longer
+    pending (delivered, failed, expired) it drops (common/lua/webhook_claim.lua)."""
+    if job_ids:
+        client.zadd(keys.webhooks_due(), {job_id: now_ms() for job_id in job_ids}, nx=True)
 
 
 def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[list[bytes], int]:
     """The taken messages less the items of cancelled or expired jobs, and how many were dropped.
 
-    One round trip, only when the batch holds bulk items.
+    One round trip, only when the batch holds bulk items; a second (mark_due) when a cancelled
+    job's webhook is still pending: on a cluster the cancel marks it apart, and a web process that
+    died between the two left it to this.
     """
     marker = keys.job_prefix().encode()  # only a bulk item's message holds it: skip decoding the rest
     jobs_of = [keys.job_of_results(peek_job(raw).get("reply_to", "")) if marker in raw else ""
@@ -192,12 +241,14 @@ def drop_stopped(client: redis.Redis, keys: Keys, raws: list[bytes]) -> tuple[li
     wanted = sorted({job_id for job_id in jobs_of if job_id})
     if not wanted:
         return raws, 0
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)  # on a cluster, split by node: each record is one key
     for job_id in wanted:
-        pipe.hget(keys.job(job_id), "state")
+        pipe.hmget(keys.job(job_id), "state", "webhook_state")
     states = dict(zip(wanted, pipe.execute()))
     # "active" from submit; "cancelled" by DELETE; None: the record expired (or never was).
-    stopped = {job_id for job_id, state in states.items() if state != b"active"}
+    stopped = {job_id for job_id, (state, _) in states.items() if state != b"active"}
+    mark_due(client, keys, [job_id for job_id, (state, hook) in states.items()
+                            if state == b"cancelled" and hook == b"pending"])
     kept = [raw for raw, job_id in zip(raws, jobs_of) if job_id not in stopped]
     return kept, len(raws) - len(kept)
 

@@ -7,24 +7,40 @@ so on a cluster a model's queues, its workers' in-flight lists and heartbeat
 hashes, its dead letters and the reply lists its workers answer to share one
 hash slot (one node), and different models spread over the nodes. On a single
 Redis the braces are just characters. Each version of a model (the store's
-`<name>/<version>/`) has its own two queues, under the model's tag, so a
+`<name>/<version>/`) has its own queues (three priority lanes, bulk), under the model's tag, so a
 version's workers take only its jobs and every version stays in the model's
 slot. Layout (docs/redis.md):
 
     funnel:queue:{text-embedding}:<version>    funnel:bulk:{text-embedding}:<version>
+    funnel:queue-high:{text-embedding}:<version>  funnel:queue-low:{text-embedding}:<version>
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
     funnel:traffic:{text-embedding}            (version -> weight, common/traffic.py)
 
-Keys read only by single-key commands (funnel:workers, funnel:device-claims)
-and the bulk jobs' keys (funnel:job:<id>..., funnel:webhooks) carry no tag.
+An async or bulk job's own keys carry its job id as their tag instead, so a
+job's record and results share one slot (each job lands on some node, not its
+model's), and the store, cancel and webhook scripts that touch them together
+run there; its Idempotency-Keys carry the model's tag, so the submit's MULTI
+holds them with the bulk queue it pushes to:
+
+    funnel:job:{<job id>}                      funnel:job:{<job id>}:results
+    funnel:idempotency:{text-embedding}:<sha256 of the key>
+
+On a cluster a job's slot is not its model's: a worker stores a bulk item's
+result (common/jobs.py) before, not inside, the reply script that forgets the
+message, and the record goes in a step before the items are queued
+(common/job_store.py). Keys read only by single-key commands or scripts of one
+key (funnel:workers, funnel:device-claims, the due webhooks funnel:webhooks)
+carry no tag (docs/redis.md, "Redis Cluster").
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from funnel.common.priority import LANES, NORMAL
 
 # Model names and worker ids end up inside keys: keep them to a safe alphabet.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -51,18 +67,21 @@ def tag(model: str) -> str:
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "funnel"
-    # On Redis Cluster a worker answers only to its own model's reply lists: a bulk job's results
-    # hash lives in another slot (bulk jobs are refused there, web/app.py).
+    # On Redis Cluster a bulk job's keys live in the job's slot, not its model's: a script or MULTI
+    # of the model's keys never writes them (is_reply), and a due webhook is marked apart (common/jobs.py).
     cluster: bool = False
 
     def __post_init__(self) -> None:
         if "{" in self.prefix or "}" in self.prefix:
             raise ValueError(f"the key prefix may not hold braces (hash tags): {self.prefix!r}")
 
-    def queue(self, model: str, version: int = 1) -> str:
-        """List of msgpack jobs for one version of a model: web LPUSHes, that version's workers
-        take from the right."""
-        return f"{self.prefix}:queue:{tag(model)}:{check_version(version)}"
+    def queue(self, model: str, version: int = 1, lane: str = "normal") -> str:
+        """List of msgpack jobs for one version of a model in one priority lane (common/priority.py):
+        web LPUSHes, that version's workers take from the right; normal is the queue as it always was."""
+        if lane not in LANES:
+            raise ValueError(f"not a priority lane: {lane!r}")
+        kind = "queue" if lane == NORMAL else f"queue-{lane}"
+        return f"{self.prefix}:{kind}:{tag(model)}:{check_version(version)}"
 
     def reply(self, model: str, name: str) -> str:
         """List of msgpack replies for jobs of `model`: one web process's inbox ("web-<hex>"), or
@@ -70,8 +89,9 @@ class Keys:
         return f"{self.prefix}:reply:{tag(model)}:{check_name(name)}"
 
     def is_reply(self, key: str, model: str) -> bool:
-        """A key a worker of `model` may answer to: the model's reply list, or (not on a cluster) a
-        bulk job's results hash."""
+        """A key a worker of `model` may write an answer to in the model's own atomic steps (the reply
+        script, recovery's requeue MULTI): the model's reply list, or (not on a cluster) a bulk job's
+        results hash. On a cluster that hash is in its job's slot: stored apart (answers_to)."""
         head = f"{self.prefix}:reply:{tag(model)}:"
         return (key.startswith(head) and bool(NAME_PATTERN.match(key[len(head):]))) or (
             not self.cluster and bool(self.job_of_results(key)))
@@ -86,36 +106,49 @@ class Keys:
         of how it is read and written); absent: the highest live version takes everything."""
         return f"{self.prefix}:traffic:{tag(model)}"
 
+    def answers_to(self, key: str, model: str) -> bool:
+        """Whether a job taken by a worker of `model` may name this key as its reply_to: the model's
+        reply list, or a bulk job's results hash (on a cluster stored in a step of its own)."""
+        return self.is_reply(key, model) or bool(self.job_of_results(key))
+
     def job(self, job_id: str) -> str:
-        """Hash: one async or bulk job's record (common/jobs.py), with a TTL."""
-        return self.job_prefix() + check_name(job_id)
+        """Hash: one async or bulk job's record (common/jobs.py), with a TTL; tagged with its id, so
+        its results share its slot."""
+        return self.job_prefix() + tag(job_id)
 
     def job_prefix(self) -> str:
         """What every job key starts with (a bulk item's message names its results hash)."""
         return f"{self.prefix}:job:"
 
     def job_results(self, job_id: str) -> str:
-        """Hash: item index -> msgpack reply, the reply_to of every item of the job; same TTL as the job."""
+        """Hash: item index -> msgpack reply, the reply_to of every item of the job; same TTL and
+        slot as the job's record."""
         return self.job(job_id) + ":results"
 
-    def job_of_results(self, key: str) -> str:
-        """The job id whose results hash this key is, else ""."""
-        head, tail = self.job_prefix(), ":results"
-        if key.startswith(head) and key.endswith(tail):
-            job_id = key[len(head):-len(tail)]
-            if NAME_PATTERN.match(job_id):
-                return job_id
+    def job_of(self, key: str) -> str:
+        """The job id whose record this key is ("funnel:job:{<id>}"), else "" (a results hash too)."""
+        head = self.job_prefix() + "{"
+        if key.startswith(head) and key.endswith("}") and NAME_PATTERN.match(key[len(head):-1]):
+            return key[len(head):-1]
         return ""
+
+    def job_of_results(self, key: str) -> str:
+        """The job id whose results hash this key is ("funnel:job:{<id>}:results"), else ""."""
+        tail = ":results"
+        return self.job_of(key[:-len(tail)]) if key.endswith(tail) else ""
 
     def idempotency(self, model: str, digest: str) -> str:
         """String: the job id an Idempotency-Key created for a model, with the job's TTL; `digest` is
         the SHA-256 (hex) of the key folded with the submitting API key's owner hash, so each API key's
-        Idempotency-Keys are its own (common/job_store.py). No tag: a job's keys are never on a cluster."""
-        return f"{self.prefix}:idempotency:{check_name(model)}:{check_name(digest)}"
+        Idempotency-Keys are its own (common/job_store.py). In the model's slot: the submit's MULTI
+        watches and sets it with the model's bulk queue."""
+        return f"{self.prefix}:idempotency:{tag(model)}:{check_name(digest)}"
 
     def webhooks_due(self) -> str:
         """Sorted set: job id -> when its webhook delivery is next due (ms); a claimed one is pushed
-        a lease ahead, so a deliverer that dies hands it back (worker/webhook.py)."""
+        a lease ahead, so a deliverer that dies hands it back (worker/webhook.py). No tag: every
+        script that touches it touches no other key (on a single Redis the store and cancel
+        scripts also mark it, with the job's keys)."""
         return f"{self.prefix}:webhooks"
 
     def limit(self, model: str, owner: str) -> str:
@@ -165,8 +198,8 @@ class Keys:
     def pattern(self, kind: str) -> str:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
-        if kind not in ("queue", "bulk", "reply", "inflight", "recovering", "worker", "dead", "job",
-                        "idempotency", "traffic", "gone", "limit", "running"):
+        if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
+                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

@@ -19,10 +19,11 @@ from typing import Any
 import redis
 
 from funnel.common.keys import Keys
+from funnel.common.priority import LANES
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
-INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "pid", "host", "started",
-               "seen")
+INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "pid", "host",
+               "started", "seen")
 
 # Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
 COUNTERS = {
@@ -119,6 +120,12 @@ def versions_live(workers: Iterable[Mapping[str, str]], model: str) -> set[int]:
     return {v for w in workers if w.get("model") == model and (v := version_of(w))}
 
 
+def takes_lanes(worker: Mapping[str, str]) -> bool:
+    """Whether a worker takes jobs from the priority lanes (`lanes`, absent from the hashes of
+    workers from before them: those take the normal queue only)."""
+    return worker.get("lanes") == "1"
+
+
 def counter(worker: Mapping[str, str], name: str) -> float:
     """One of a worker's COUNTERS from its hash (0 before its first heartbeat with it)."""
     return float(worker.get(name, 0))
@@ -147,13 +154,16 @@ def batch_histogram(worker: Mapping[str, str]) -> list[tuple[int, int]]:
 
 def version_queue_lengths(client: redis.Redis, keys: Keys, versions: Mapping[str, Iterable[int]],
                           bulk: bool = False) -> dict[str, dict[int, int]]:
-    """Jobs waiting in each version's interactive queue (bulk: its bulk queue), model -> version
-    -> length, in one round trip."""
+    """Jobs waiting in each version's interactive queues, every priority lane (bulk: its bulk queue),
+    model -> version -> length, in one round trip."""
     pairs = [(model, version) for model, listed in versions.items() for version in listed]
+    queues = [(keys.bulk(model, version),) if bulk else tuple(keys.queue(model, version, lane) for lane in LANES)
+              for model, version in pairs]
     pipe = client.pipeline(transaction=False)
-    for model, version in pairs:
-        pipe.llen(keys.bulk(model, version) if bulk else keys.queue(model, version))
+    for key in (key for lists in queues for key in lists):
+        pipe.llen(key)
+    lengths = iter(pipe.execute())
     out: dict[str, dict[int, int]] = {model: {} for model in versions}
-    for (model, version), length in zip(pairs, pipe.execute()):
-        out[model][version] = length
+    for (model, version), lists in zip(pairs, queues):
+        out[model][version] = sum(next(lengths) for _ in lists)
     return out

@@ -9,21 +9,33 @@ OTLP/HTTP exporter, which read the rest of their settings (headers, timeouts,
 OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*) themselves.
 
 The trace context crosses Redis in the job (`Job.trace`, a W3C traceparent):
-the web tier puts its request span's there, and a worker makes each job's
-time in the queue a child of it, and its batch span a span of its own linked
-to every request it served.
+the web tier puts its request span's there (a bulk job's submit span's, in
+every item), and a worker makes each job's time in the queue a child of it,
+and its batch span a span of its own linked to every request (or bulk job) it
+served.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Link, Span, Tracer
 
-NO_SPAN = contextlib.nullcontext()  # what every span is when tracing is off: entered for nothing
+
+class _NoSpan:
+    """What every span is when tracing is off: entered and left for nothing. Its __enter__ and
+    __exit__ are a C function that takes any arguments and answers "" (falsy: an exception goes
+    on), not Python methods as contextlib.nullcontext's are, so that a request's spans cost no
+    Python call beyond Spans' own when off (docs/performance.md)."""
+
+    __slots__ = ()
+    __enter__ = __exit__ = "".format
+
+
+NO_SPAN = _NoSpan()
 _providers: dict[tuple[int, str], Any] = {}  # (pid, service) -> its TracerProvider, or None when off
 
 
@@ -85,12 +97,12 @@ def traceparent_of(span: Span) -> str:
     return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
 
 
-def link_to(traceparent: str) -> Link | None:
+def link_to(traceparent: str, **attributes: Any) -> Link | None:
     """A link to the span a job's traceparent names (None when it names none)."""
     from opentelemetry import trace
 
     found = trace.get_current_span(context_of(traceparent)).get_span_context()
-    return trace.Link(found) if found.is_valid else None
+    return trace.Link(found, _attributes(attributes)) if found.is_valid else None
 
 
 class Spans:
@@ -130,14 +142,17 @@ class Spans:
     def batch(self, name: str, traceparents: list[str], start_ns: int, end_ns: int,
               steps: dict[str, tuple[int, int]], **attributes: Any) -> None:
         """A batch's span, told once it is over (its steps ran on several threads): the root of a
-        trace of its own, linked to each traced job's request span, with a child per step
-        (name -> (start, end), epoch ns)."""
+        trace of its own, linked to each traced job's request (or bulk job) span, with a child per
+        step (name -> (start, end), epoch ns)."""
         if self.tracer is None:
             return
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        links = [link for link in map(link_to, filter(None, traceparents)) if link is not None]
+        # One link per span, saying how many of the batch's jobs it sent: a batch of one bulk job's
+        # items names that job once, not once an item.
+        links = [link for parent, jobs in Counter(filter(None, traceparents)).items()
+                 if (link := link_to(parent, jobs=jobs)) is not None]
         span = self.tracer.start_span(name, context=context_of(""), kind=SpanKind.CONSUMER, links=links,
                                       attributes=_attributes(attributes), start_time=start_ns)
         parent = trace.set_span_in_context(span)

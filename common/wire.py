@@ -7,7 +7,7 @@ WireError, never anything else.
 
 A field added later is optional on decoding, with the value the messages before
 it meant (`raw`: False; `version`: 1, the one version a model had; `trace` and
-`request_id`: none), so the protocol version stays 1 and old and new processes
+`request_id`: none; `priority`: the normal lane), so the protocol version stays 1 and old and new processes
 read each other's messages.
 """
 
@@ -130,6 +130,7 @@ class Job:
     version: int = 1  # the model version that must run it (its queue's version)
     trace: str = ""  # the W3C traceparent of the request that sent it ("": not traced)
     request_id: str = ""  # the request's X-Request-ID, for the worker's log lines about it
+    priority: str = ""  # its lane, "high" or "low" ("": normal, common/priority.py): recovery requeues it there
 
 
 def encode_job(job: Job) -> bytes:
@@ -140,6 +141,7 @@ def encode_job(job: Job) -> bytes:
         "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
         # Only when set: an untraced job is no bigger than before.
         **({"trace": job.trace} if job.trace else {}), **({"request_id": job.request_id} if job.request_id else {}),
+        **({"priority": job.priority} if job.priority else {}),
     })
 
 
@@ -167,7 +169,16 @@ def decode_job(data: Any) -> Job:
         version=_version(obj),  # optional: jobs from before model versions lack it
         trace=_field(obj, "trace", str, optional=True) or "",  # optional: absent when not traced
         request_id=_field(obj, "request_id", str, optional=True) or "",
+        priority=_lane(obj),
     )
+
+
+def _lane(obj: dict) -> str:
+    """A job's lane other than normal: optional ("" for normal, and for jobs from before lanes)."""
+    lane = _field(obj, "priority", str, optional=True) or ""
+    if lane not in ("", "high", "low"):
+        raise WireError(f"unknown priority {lane[:20]!r}")
+    return lane
 
 
 def peek_job(data: Any) -> dict:

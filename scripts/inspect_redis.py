@@ -29,6 +29,8 @@ from funnel.common.connection import connect, scan_keys
 from funnel.common.keys import Keys, model_of, version_of
 from funnel.common.wire import WireError, decode_job
 
+QUEUE_KINDS = ("queue-high", "queue", "queue-low", "bulk")  # the lanes (common/priority.py), then bulk
+
 
 def job_json(raw: bytes) -> dict:
     """A job as readable JSON: tensors shown as dtype and shape, never their bytes."""
@@ -76,7 +78,7 @@ def versions_table(client: redis.Redis, keys: Keys, workers: list[dict[str, str]
     for worker in workers:
         if registry.version_of(worker):
             versions.setdefault(worker.get("model", ""), set()).add(registry.version_of(worker))
-    for kind in ("queue", "bulk"):
+    for kind in QUEUE_KINDS:
         for key in keys_of(client, keys.pattern(kind)):
             if model_of(key) and version_of(key):
                 versions.setdefault(model_of(key), set()).add(version_of(key))
@@ -105,7 +107,7 @@ def summary(client: redis.Redis, keys: Keys) -> str:
     workers = registry.live_workers(client, keys)
     lines = [*versions_table(client, keys, workers), ""]
     lines += [f"{'queue':<44}{'jobs':>6}  oldest"]
-    for key in [*keys_of(client, keys.pattern("queue")), *keys_of(client, keys.pattern("bulk"))]:
+    for key in [key for kind in QUEUE_KINDS for key in keys_of(client, keys.pattern(kind))]:
         oldest = client.lindex(key, -1)
         age = f"{job_json(oldest).get('age_s', '?')} s" if oldest else "-"
         lines.append(f"{key:<44}{client.llen(key):>6}  {age}")
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = client.lindex(args.key, args.index)
     if raw is None:
         hint = ""
-        if args.key.endswith("}") and any(args.key.startswith(f"{keys.prefix}:{kind}:") for kind in ("queue", "bulk")):
+        if args.key.endswith("}") and any(args.key.startswith(f"{keys.prefix}:{kind}:") for kind in QUEUE_KINDS):
             hint = f" (each version has its own queue: '{args.key}:1' is version 1's)"
         print(f"{args.key}[{args.index}]: no such job{hint}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ class Span:
     attributes: dict
     links: list[tuple[str, str]]  # (trace id, span id) of each linked span
     kind: int = 0
+    link_attributes: list[dict] = field(default_factory=list)  # each link's attributes, in links' order
 
 
 @dataclass
@@ -80,7 +81,8 @@ class Receiver:
                         span_id=s.span_id.hex(), parent_id=s.parent_span_id.hex(), start_ns=s.start_time_unix_nano,
                         end_ns=s.end_time_unix_nano, kind=s.kind,
                         attributes={a.key: _value(a.value) for a in s.attributes},
-                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links]))
+                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                        link_attributes=[{a.key: _value(a.value) for a in link.attributes} for link in s.links]))
         with self._lock:
             self.spans.extend(found)
             self.exports += 1

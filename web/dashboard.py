@@ -30,6 +30,7 @@ from flask import Blueprint, jsonify, render_template
 from funnel.common import jobs, registry, traffic
 from funnel.common.connection import scan_keys
 from funnel.common.keys import Keys
+from funnel.common.priority import LANES
 from funnel.web import auth
 from funnel.web import metrics as web_metrics
 from funnel.web.pipeline import Pipeline
@@ -66,17 +67,18 @@ def reading(pipeline: Pipeline, caller: jobs.Caller) -> dict[str, Any]:
     for model, listed in versions.items():
         pipe.llen(keys.dead(model))
         for version in listed:
-            pipe.llen(keys.queue(model, version))
+            for lane in LANES:
+                pipe.llen(keys.queue(model, version, lane))
             pipe.llen(keys.bulk(model, version))
     for worker in workers:
         pipe.llen(keys.inflight(worker.get("model", ""), worker["id"]))
     lengths = iter(pipe.execute())
     dead = {}
-    queues: dict[tuple[str, int], tuple[int, int]] = {}
+    queues: dict[tuple[str, int], tuple[dict[str, int], int]] = {}
     for model, listed in versions.items():
         dead[model] = next(lengths)
         for version in listed:
-            queues[model, version] = next(lengths), next(lengths)
+            queues[model, version] = {lane: next(lengths) for lane in LANES}, next(lengths)
     inflight = {worker["id"]: next(lengths) for worker in workers}
     requests = web_metrics.request_totals()
     now = time.time()
@@ -86,8 +88,8 @@ def reading(pipeline: Pipeline, caller: jobs.Caller) -> dict[str, Any]:
         rows = []
         for version in listed:
             mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
-            queue, bulk = queues[model, version]
-            rows.append({"version": version, "queue": queue, "bulk": bulk,
+            lanes, bulk = queues[model, version]
+            rows.append({"version": version, "queue": sum(lanes.values()), "lanes": lanes, "bulk": bulk,
                          "inflight": sum(inflight[w["id"]] for w in mine), "weight": weights.get(version),
                          "workers": [worker_view(w, now) for w in mine]})
         models.append({"name": model, "dead": dead[model], "versions": rows,
@@ -108,8 +110,8 @@ def unfinished_jobs(client: redis.Redis, keys: Keys, caller: jobs.Caller) -> lis
     for i, key in enumerate(scan_keys(client, keys.pattern("job"))):
         if i >= MAX_JOBS_SCANNED:
             break
-        job_id = key.decode()[len(keys.job_prefix()):]
-        if jobs.is_job_id(job_id):  # not a job's results hash
+        job_id = keys.job_of(key.decode())
+        if jobs.is_job_id(job_id):  # a record, not a job's results hash
             found.append(job_id)
     pipe = client.pipeline(transaction=False)
     for job_id in found:

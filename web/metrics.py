@@ -32,6 +32,9 @@ UNCLAIMED = Counter("funnel_replies_unclaimed", "replies that reached this tier'
 JOBS = Counter("funnel_jobs_submitted", "async and bulk jobs created (not replayed) by model and by the "
                "submitting API key's label (FUNNEL_API_KEYS; empty where the server has no keys)",
                ["model", "owner"])
+KEYED = Counter("funnel_key_requests", "predict and infer requests by model, API key label (FUNNEL_API_KEYS' "
+                "label, or key-<hash> for a bare key; empty where the server has no keys), priority lane served "
+                "(or asked, when refused before it was chosen) and status", ["model", "key", "priority", "status"])
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
                     ["model"], buckets=registry.BATCH_BUCKETS)
 
@@ -46,6 +49,11 @@ def count(model: str, status: int, seconds: float, content_length: int | None, l
     if log:
         access_log.info("request model=%s status=%d ms=%.1f bytes=%s", model, status, seconds * 1000,
                         content_length)
+
+
+def count_key(model: str, key_label: str, lane: str, status: int) -> None:
+    """One answered predict, by the key that sent it (its label, never the key) and its lane."""
+    _keyed(model, key_label, lane, status).inc()
 
 
 def replied(model: str, replies) -> None:
@@ -66,6 +74,11 @@ def job_submitted(model: str, owner_label: str) -> None:
 @functools.cache
 def _requests(model: str, status: int):
     return REQUESTS.labels(model, str(status))
+
+
+@functools.cache
+def _keyed(model: str, key_label: str, lane: str, status: int):
+    return KEYED.labels(model, key_label, lane, str(status))  # bounded: the configured keys' labels
 
 
 @functools.cache

@@ -6,10 +6,12 @@
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
-    4 admit      503 at once with no live worker; the deadline from X-Request-Timeout
+    4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
+                 priority lane asked for (X-Priority, or the protocol's own parameter), at most
+                 the key's highest (common/priority.py)
     5 enqueue    one push script per request (queueing/outbox.py, one round trip a loop turn)
                  refuses a key past its limits (429), a full queue or a predicted wait past the
-                 deadline (503), else LPUSHes
+                 deadline (503), else LPUSHes onto the lane's queue
     6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline;
                  a client that leaves first marks its jobs, and no worker runs them
     7 render     the adapter answers the replies, or the error, in its protocol's shape
@@ -34,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 import redis
 from werkzeug.wrappers import Request
 
-from funnel.common import job_submit, jobs, lua_scripts, tracing
+from funnel.common import job_submit, jobs, lua_scripts, priority, tracing
 from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, Overloaded, TooManyRequests, Unavailable
 from funnel.common.job_store import JobStore
 from funnel.common.keys import Keys
@@ -71,6 +73,7 @@ class Work:
     raw: bool = False  # the replies carry the model's output rows, not the task's results
     context: dict[str, Any] = field(default_factory=dict)  # what the adapter needs again to render
     prepared: list[Inputs] = field(default_factory=list)  # the items' tensors, for adapters that count them
+    priority: str = ""  # the lane the protocol's own parameter asks for ("": the transport's); then the one served
 
 
 @dataclass(frozen=True)
@@ -82,19 +85,21 @@ class Origin:
     label: str = ""  # that key's label: which limits apply (FUNNEL_KEY_LIMITS)
     traceparent: str = ""  # the client's W3C trace context, the parent of the request's span
     tracestate: str = ""
+    priority: str = priority.NORMAL  # the lane X-Priority asks for
 
     @classmethod
     def of(cls, request_id: str, authorization: str, api_keys: list[str], traceparent: str = "",
-           tracestate: str = "") -> Origin:
+           tracestate: str = "", asked_priority: str | None = None) -> Origin:
         """A request's origin from what its transport read (headers, gRPC metadata): 401 without a
-        key where FUNNEL_API_KEYS is set."""
+        key where FUNNEL_API_KEYS is set, 400 for a priority that is no lane."""
         identity = None
         if api_keys:
             identity = auth.identify(authorization, api_keys)
             if identity is None:
                 raise auth.Unauthorized()
         return cls(request_id=request_id, owner=identity.owner if identity else "",
-                   label=identity.label if identity else "", traceparent=traceparent, tracestate=tracestate)
+                   label=identity.label if identity else "", traceparent=traceparent, tracestate=tracestate,
+                   priority=priority.parse(asked_priority))
 
 
 class Parser(Protocol):
@@ -141,8 +146,13 @@ class Pipeline:
         """A predict-like request, whole: its status, body and headers, an error included."""
         try:
             cap_s = self.settings.request_timeout_s
+
+            def render(task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
+                body, headers = adapter.render(task, work, replies)
+                return body, [*headers, ("X-Priority", work.priority)]  # the lane served, which may be lower
+
             body, headers = await self.infer(adapter, request, name, version,
-                                             lambda: request_timeout(request.headers, cap_s), origin, adapter.render)
+                                             lambda: request_timeout(request.headers, cap_s), origin, render)
             return 200, body, headers
         except Exception as exc:
             return adapter.render_error(exc, request)
@@ -161,13 +171,15 @@ class Pipeline:
                 work = parser.parse(task, request)
             with self.spans.step("prepare"):
                 work.prepared = list(self.prepare(task, work.items, work.ready))
-            self.spans.annotate(items=len(work.prepared))
-            replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw, origin)
+            work.priority = self.lane(work.priority or origin.priority, origin, name, task.spec.version)
+            self.spans.annotate(items=len(work.prepared), priority=work.priority)
+            replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw, origin,
+                                     work.priority)
             with self.spans.step("render"):
                 return render(task, work, replies)
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
-                   body: bytes, caller: jobs.Caller) -> tuple[jobs.Record, bool]:
+                   body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
         """A bulk (or async) job of these items, owned by the caller (the request's API key, or
         anyone where none are set): its record, and whether an earlier submit by the same caller
         with this Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
@@ -175,28 +187,42 @@ class Pipeline:
         Resolved and prepared as a predict; then admitted by the bulk queue's room
         (FUNNEL_MAX_BULK_QUEUE, 503) instead of the predicted wait, and created in the job
         store instead of queued and awaited: its items are answered into the job's results.
+
+        With tracing on, the submit is a span (`job <name>`, a child of the origin's traceparent)
+        whose context every item carries, so the worker's batch spans link to it; the job's later
+        life (its items' batches, its webhook) is in those linked traces, not under this span.
         """
-        task = self.resolve(name)
-        self.jobs.usable()
-        job_submit.check(idempotency_key, webhook, self.job_limits)
-        body_sha = job_submit.fingerprint(body, webhook)
-        if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
-            existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
-            if existing is not None:
-                return existing, True
-        created = now_ms()
-        job_id = jobs.new_job_id(created)
-        # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
-        version = task.spec.version
-        payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version)
-        self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
-        record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook, idempotency_key,
-                                            version, caller=caller)
-        if not replayed:
-            metrics.job_submitted(name, caller.label)
-            log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
-                     caller.label or "anyone")
-        return record, replayed
+        with self.spans.request(f"job {name}", origin.traceparent, origin.tracestate,
+                                request_id=origin.request_id):
+            task = self.resolve(name)
+            version = task.spec.version
+            self.spans.annotate(model=name, model_version=version, items=len(items))
+            job_submit.check(idempotency_key, webhook, self.job_limits)
+            body_sha = job_submit.fingerprint(body, webhook)
+            if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
+                existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
+                if existing is not None:
+                    self.spans.annotate(job_id=existing.id, replayed=True)
+                    return existing, True
+            created = now_ms()
+            job_id = jobs.new_job_id(created)
+            self.spans.annotate(job_id=job_id)
+            trace = self.spans.traceparent()  # the job span's, before a step's span is current ("" when off)
+            with self.spans.step("prepare"):
+                # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
+                payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version, trace)
+            with self.spans.step("admit"):
+                self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
+            with self.spans.step("store"):
+                record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
+                                                    idempotency_key, version, caller=caller)
+            if replayed:  # a concurrent submit with the same key made the job first: its items, not these
+                self.spans.annotate(job_id=record.id, replayed=True)
+            else:
+                metrics.job_submitted(name, caller.label)
+                log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
+                         caller.label or "anyone")
+            return record, replayed
 
     # -- 1 resolve, 3 prepare: every route's, bulk jobs' too ----------------------------------
 
@@ -231,10 +257,23 @@ class Pipeline:
 
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
+    def lane(self, asked: str, origin: Origin, model: str, version: int) -> str:
+        """The lane a request is served in: the one asked for, at most its API key's highest; normal
+        while a worker from before the lanes serves the model version (an upgrade under way), as
+        it takes the normal queue only."""
+        lane = priority.at_most(asked, limits.highest_lane(self.key_limits, origin.label)) if origin.owner else asked
+        if lane != priority.NORMAL:
+            try:
+                if not self.workers.capacity(model, version).lanes:
+                    return priority.NORMAL
+            except redis.RedisError as exc:
+                raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
+        return lane
+
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
-                  raw: bool = False, origin: Origin = Origin()) -> list[Reply]:
-        """One job per input, queued on the model version's queue, and their replies in input order;
-        a failed reply raised.
+                  raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL) -> list[Reply]:
+        """One job per input, queued on the model version's queue in the lane, and their replies in
+        input order; a failed reply raised.
 
         429 at once when the caller's key is past its limits; 503 at once when no live
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
@@ -249,7 +288,8 @@ class Pipeline:
         reply_to = self.inbox.key(model)
         trace = self.spans.traceparent()
         jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw,
-                               version=version, trace=trace, request_id=origin.request_id))
+                               version=version, trace=trace, request_id=origin.request_id,
+                               priority="" if lane == priority.NORMAL else lane))
                 for job_id, item in zip(ids, inputs)]
         estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
@@ -257,7 +297,7 @@ class Pipeline:
         owner = origin.owner if limit else push_script.UNLIMITED
         keys = push_script.keys_of(self.keys, model, version, owner, capacity.workers if estimate else ())
         args = push_script.args_of(self.settings.max_queue, capacity.script_args(calibration) if estimate else None,
-                                   timeout_s, limit, now_ms(), ids[0], deadline, jobs)
+                                   timeout_s, limit, now_ms(), ids[0], deadline, lane, jobs)
         ahead, pushed_ms, sent = -1, 0, False
         try:
             with self.spans.step("enqueue"):

@@ -74,7 +74,7 @@ def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str, version: i
         try:
             job = decode_job(raw)
             batch.taken_ids[-1] = job.id
-            if job.model != model or job.version != version or not keys.is_reply(job.reply_to, model):
+            if job.model != model or job.version != version or not keys.answers_to(job.reply_to, model):
                 raise WireError(f"job for model {job.model!r} version {job.version} replying to "
                                 f"{job.reply_to!r} does not belong on this queue")
         except WireError as exc:
@@ -82,7 +82,7 @@ def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str, version: i
             batch.dead.append(raw)
             seen = peek_job(raw)
             batch.taken_ids[-1] = seen.get("id", "")
-            if "id" in seen and keys.is_reply(seen.get("reply_to", ""), model):
+            if "id" in seen and keys.answers_to(seen.get("reply_to", ""), model):
                 batch.replies.append((seen["reply_to"], Reply.failure(
                     seen["id"], "bad_job", f"job could not be decoded: {exc}", worker=worker_id,
                     version=version)))

@@ -1,10 +1,12 @@
 """A seam for the fault suite: hold the worker inside one stage of its pipeline, so a test can kill it there.
 
-FUNNEL_TEST_HOLD=<stage>:<n>:<file> (stage: take, collate, run or reply)
-makes the worker, when its n-th batch reaches the end of that stage (taken
-but not decoded; collated, not handed to the run; run, not handed to the
-replier; replies built, not written), create <file> and wait there until it
-is stopped or HOLD_S pass. The test waits for the file, then sends its
+FUNNEL_TEST_HOLD=<stage>:<n>:<file> (stage: take, collate, run, reply or
+stored) makes the worker, when its n-th batch reaches the end of that stage
+(taken but not decoded; collated, not handed to the run; run, not handed to
+the replier; replies built, not written; on a Redis Cluster, bulk results
+stored but the reply script that forgets their messages not yet run,
+worker/reply.py), create <file> and wait there until it is stopped or HOLD_S
+pass. The test waits for the file, then sends its
 signal: the signal lands inside that stage, not near it. Unset, every stage
 goes straight on.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-STAGES = ("take", "collate", "run", "reply")
+STAGES = ("take", "collate", "run", "reply", "stored")
 HOLD_S = 60.0  # bounded, so a test that never signals still ends
 
 

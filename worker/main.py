@@ -56,7 +56,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "version": version, "backend": settings.backend, "device": device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms},
+        "batch_size": batch_size, "linger_ms": settings.linger_ms, "lanes": 1},
         recovery, settings.heartbeat_ttl_s)
     steps = Steps(settings, spec.name, version, task, model, client, keys,
                   JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),

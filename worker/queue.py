@@ -2,22 +2,26 @@
 
 Jobs are moved, never popped, so a worker that dies holding them leaves them
 in funnel:inflight:{<model>}:<worker id> for recovery instead of losing them.
-All three lists carry the model's hash tag, so on Redis Cluster the take's
-script and BLMOVE stay in one slot.
+All the lists carry the model's hash tag, so on Redis Cluster the take's
+script stays in one slot.
 
-Two queues per model version: funnel:queue:{<model>}:<version> (interactive
-requests) and funnel:bulk:{<model>}:<version> (the items of async and bulk
-jobs); a worker serves one version and takes from its queues only. A batch is filled
-from the interactive queue first, but bulk items waiting get ceil(bulk_share x
-batch size) of its places (at least one), so a bulk job progresses under any
-interactive load (one Lua script, common/lua/take.lua); places that neither
-queue fills are the interactive queue's again. While interactive jobs keep
-coming (one taken within INTERACTIVE_RECENT_S), bulk items never take more
-than their share, even of a batch that nothing else fills: an interactive
-request then waits behind a small bulk batch, not a full one. With no
-interactive traffic, bulk items fill whole batches. An idle worker blocks on
-the interactive queue only, so it notices new bulk items within block_s (a
-second).
+Four queues per model version, served in order: the three priority lanes of
+interactive requests (high, normal, low: common/priority.py) and the bulk
+queue (the items of async and bulk jobs); a worker serves one version and
+takes from its queues only. A batch is filled from the lanes in order, but
+every lane below high is owed a floor share of its places while it has work
+waiting (worker/lanes.py; bulk's is FUNNEL_BULK_SHARE), so a low request and a
+bulk job progress under any load above them (one Lua script,
+common/lua/take.lua); places a lane leaves are the others' again. While
+interactive jobs keep coming (one taken within INTERACTIVE_RECENT_S), bulk
+items never take more than their share, even of a batch that nothing else
+fills: an interactive request then waits behind a small bulk batch, not a full
+one. With no interactive traffic, bulk items fill whole batches. An idle
+worker blocks on the normal queue (BLMOVE, woken at once by an LPUSH, a job's
+first move into its hands): a request that finds every lane empty is pushed
+there whatever its lane, and a full batch that leaves high or low jobs behind
+an empty normal queue moves one there (common/lua/push.lua, take.lua). It
+notices new bulk items within block_s (a second).
 
 Several batches may be in the in-flight list at once (one running, the next
 taken while it runs, the last being answered): each is forgotten on its own
@@ -36,7 +40,9 @@ import redis
 from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
+from funnel.common.priority import LANES
 from funnel.common.wire import peek_job
+from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
 from funnel.worker.linger import Linger
 
 POLL_S = 0.001
@@ -47,9 +53,8 @@ class JobQueue:
     def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25,
                  version: int = 1):
         self.client, self.keys = client, keys
-        self.queue = keys.queue(model, version)
-        self.bulk = keys.bulk(model, version)
-        self.bulk_share = bulk_share
+        self.lanes = [*(keys.queue(model, version, lane) for lane in LANES), keys.bulk(model, version)]
+        self.shares = Shares([0.0, NORMAL_FLOOR, LOW_FLOOR, bulk_share])
         self.inflight = keys.inflight(model, worker_id)
         self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
@@ -114,38 +119,41 @@ class JobQueue:
             self._held += len(kept)
         return kept
 
-    def _fill(self, count: int, share: int, bulk_cap: int) -> tuple[list[bytes], int]:
-        """Up to count jobs (share of them kept for bulk, at most bulk_cap bulk): (jobs, bulk taken)."""
-        interactive, jobs, self._marked_gone = self._take_more(keys=[self.queue, self.inflight, self.bulk, self.gone],
-                                                               args=[count, share, bulk_cap])
-        if interactive:
+    def _fill(self, count: int, places: list[int], caps: list[int], counts: list[int]) -> list[bytes]:
+        """Up to count jobs, each lane kept its places left and held to its cap left; counts, the
+        batch's jobs from each lane so far, grows by what this took."""
+        args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
+        taken, jobs, self._marked_gone = self._take_more(keys=[self.inflight, self.gone, *self.lanes], args=args)
+        for i, n in enumerate(taken):
+            counts[i] += n
+        if any(taken[:-1]):
             self._interactive_at = time.monotonic()
-        return jobs, len(jobs) - interactive
+        return jobs
 
     def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
-        share = max(1, math.ceil(self.bulk_share * batch_size)) if self.bulk_share > 0 else 0
+        places = self.shares.reserve(batch_size)
         busy = time.monotonic() - self._interactive_at < INTERACTIVE_RECENT_S
-        bulk_left = max(share, 1) if busy else batch_size  # bulk places left in this batch
-        jobs, bulk = self._fill(batch_size, min(share, batch_size), bulk_left)  # whatever is queued now
-        bulk_left -= bulk
+        caps = [batch_size] * len(LANES) + [max(1, places[-1]) if busy else batch_size]  # bulk's, last
+        counts = [0] * len(self.lanes)
+        jobs = self._fill(batch_size, places, caps, counts)  # whatever is queued now
         if not jobs:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
-            first = self.client.blmove(self.queue, self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+            first = self.client.blmove(self.lanes[1], self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
             if first is None:
                 return []
             jobs = [first]  # type: ignore[list-item]  # bytes: the client does not decode
+            counts[1] += 1
             self._interactive_at = time.monotonic()
         started = time.monotonic()
         while len(jobs) < batch_size:
-            more, bulk = self._fill(batch_size - len(jobs), min(share, batch_size - len(jobs)), bulk_left)
-            jobs += more
-            bulk_left -= bulk
+            jobs += self._fill(batch_size - len(jobs), places, caps, counts)
             remaining = linger.budget_s(len(jobs), batch_size) - (time.monotonic() - started)
             if len(jobs) >= batch_size or remaining <= 0:
                 break
             # Poll rather than block: Redis checks blocking timeouts only about
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.
             time.sleep(min(remaining, POLL_S))
+        self.shares.spend(counts)
         self.last_wait_s = time.monotonic() - started
         return jobs
 

@@ -2,8 +2,8 @@
 
 A worker whose heartbeat key has expired is dead. A live peer (or the same
 worker id on restart) claims its in-flight list once, atomically, and puts
-each job back at the old end of its queue (the bulk queue for an item of an
-async or bulk job) with one more attempt; a job past
+each job back at the old end of its queue (its priority lane's, or the bulk
+queue for an item of an async or bulk job) with one more attempt; a job past
 the attempt limit gets an error reply and goes to the dead-letter list.
 
 The queue is the job's own version's (the message names it; a message from
@@ -19,8 +19,8 @@ import logging
 
 import redis
 
-from funnel.common import lua_scripts, registry
-from funnel.common.jobs import store_results
+from funnel.common import lua_scripts, priority, registry
+from funnel.common.jobs import store_results, store_results_apart
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, WireError, decode_job, encode_job, encode_reply
 
@@ -75,7 +75,8 @@ class Recovery:
             if job.model != model:  # not this worker's: its queue is in another slot on a cluster
                 raise ValueError(f"a {job.model} job held by a {model} worker")
             bulk = bool(self.keys.job_of_results(job.reply_to))
-            queue = self.keys.bulk(job.model, job.version) if bulk else self.keys.queue(job.model, job.version)
+            queue = (self.keys.bulk(job.model, job.version) if bulk
+                     else self.keys.queue(job.model, job.version, job.priority or priority.NORMAL))
         except (WireError, ValueError):
             pipe.lpush(self.keys.dead(model), raw)
             return
@@ -89,6 +90,8 @@ class Recovery:
                               f"the workers running this job died {job.attempt} times", version=job.version)
         if bulk and not self.keys.cluster:
             store_results(pipe, self.keys, job.reply_to, [reply])
+        elif bulk:  # a cluster: the job's slot is not the model's; stored now, once (a second run is a duplicate)
+            store_results_apart(self.client, self.keys, job.reply_to, [reply])
         elif self.keys.is_reply(job.reply_to, model):
             pipe.lpush(job.reply_to, encode_reply(reply))
             pipe.expire(job.reply_to, self.reply_ttl_s)

@@ -10,20 +10,29 @@ run of the same answer (its EXEC's answer lost).
 
 Every key of the reply script carries the model's hash tag (the worker checks
 each job's reply_to against its model, worker/batch.py), so on Redis Cluster
-it stays in one slot; bulk items' results are stored in the same MULTI only
-off a cluster, once per item whoever answers it (common/lua/store_results.lua).
+it stays in one slot. Bulk items' results are stored once per item whoever
+answers it (common/lua/store_results.lua): on a single Redis in the same MULTI
+as the reply script; on a cluster, where they live in their job's slot, in
+steps of their own before it (common/jobs.py, store_results_apart), so a
+crash in between leaves the items in flight, for recovery to run again.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import redis
 
 from funnel.common import lua_scripts
-from funnel.common.jobs import store_results
+from funnel.common.jobs import store_results, store_results_apart
 from funnel.common.keys import Keys
 from funnel.common.wire import Reply, encode_reply
+from funnel.worker.hold import Hold
+
+# The fault suite's seam between the two steps of a cluster's bulk answer (FUNNEL_TEST_HOLD=stored:...);
+# unset, a call that returns at once. Its own: the pipeline's Hold (worker/steps.py) never reaches in here.
+_hold = Hold(threading.Event())
 
 
 def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
@@ -33,8 +42,10 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
     it had none), forget it, and push its reply or park it as dead only if it was still in flight.
     Returns the ids of the jobs answered: bulk items always, the others only if still held.
 
-    All or nothing (one script, or a MULTI with the bulk results): a crash before it leaves
-    the jobs in flight for recovery, a crash after leaves nothing half done.
+    All or nothing on a single Redis (one script, or a MULTI with the bulk results): a crash before
+    it leaves the jobs in flight for recovery, a crash after leaves nothing half done. On a cluster
+    the bulk results are stored first: a crash before the reply script leaves their messages in
+    flight, and their second answer is counted, never stored.
     """
     by_job: dict[str, list[Reply]] = {}  # items of async and bulk jobs: stored by index, not pushed
     by_id: dict[str, tuple[str, Reply]] = {}
@@ -57,9 +68,13 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
     if by_id:
         raise ValueError(f"replies to jobs this batch did not take: {sorted(by_id)}")
     reply_keys = [keys.inflight(model, worker_id), keys.dead(model), *lists]
-    if not by_job:  # the script alone is atomic; and a Redis Cluster's pipelines run no scripts
+    if by_job and keys.cluster:  # each job's own slot: stored before its messages are forgotten
+        for results_key, items in by_job.items():
+            store_results_apart(client, keys, results_key, items)
+        _hold("stored")
+    if not by_job or keys.cluster:  # the script alone is atomic; and a Redis Cluster's pipelines run no scripts
         held = lua_scripts.register(client, "reply")(keys=reply_keys, args=args) if taken else []
-    else:  # bulk items, never on a cluster: their results and the replies in one MULTI
+    else:  # bulk items on a single Redis: their results and the replies in one MULTI
         pipe = client.pipeline(transaction=True)
         for results_key, items in by_job.items():
             store_results(pipe, keys, results_key, items)

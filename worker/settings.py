@@ -44,8 +44,8 @@ class WorkerSettings(SharedSettings):
     intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
     bulk_share: float = setting(0.25, "share of each batch's places that items of async and bulk jobs get "
-                                "when both queues wait (at least one place; 0: bulk only fills what "
-                                "interactive requests leave)")
+                                "while interactive requests wait too (kept as credit across batches, "
+                                "worker/lanes.py; 0: bulk only fills what interactive requests leave)")
     heartbeat_ttl_s: float = setting(10.0, "a worker silent this long is dead and its jobs recovered")
     max_attempts: int = setting(3, "runs of a job (its workers dying) before it is dead-lettered")
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")

@@ -2,14 +2,22 @@
 
 Due deliveries wait in one sorted set, funnel:webhooks (job id scored by when
 it is due), put there by the step that made the job final (common/lua/'s
-store_results.lua or cancel.lua). A deliverer claims the oldest due one with a
-Lua script (common/lua/webhook_claim.lua) that pushes its score a lease ahead
-(4 x FUNNEL_WEBHOOK_TIMEOUT_S) and counts the attempt, so a deliverer that
-dies mid-attempt hands it back when the lease runs out; it then POSTs the
-job's status, signed, and settles the attempt (delivered, due again after a
-backoff, or failed after FUNNEL_WEBHOOK_ATTEMPTS) only if its claim still
-stands. Delivery is at least once: a receiver drops repeats by the
-Funnel-Webhook-Id header.
+store_results.lua or cancel.lua; on a Redis Cluster by its caller just after,
+common/jobs.py's mark_due). The job's record holds the delivery's state and is
+what decides; the due set is its index. A deliverer claims in two steps, each a
+Lua script on keys of one slot, since on a cluster the due set and a job's
+record are in different slots (and the same two steps on a single Redis: one
+way everywhere): it leases the oldest due entry (webhook_lease.lua: its score
+pushed a lease ahead, 4 x FUNNEL_WEBHOOK_TIMEOUT_S, so a deliverer that dies
+hands it back when the lease runs out), then claims it on the record
+(webhook_claim.lua: the attempt counted, a claim token recorded; an entry
+whose delivery is over is dropped, one whose retry is not yet due put back at
+its time). It POSTs the job's status, signed, and settles the attempt on the
+record (webhook_settle.lua: delivered, due again after a backoff, or failed
+after FUNNEL_WEBHOOK_ATTEMPTS) only if its claim still stands, then scores the
+entry by the outcome. A deliverer that dies between two steps leaves an entry
+the next claim mends. Delivery is at least once: a receiver drops repeats by
+the Funnel-Webhook-Id header.
 
 One attempt: the URL is checked again and its name resolved now (an address
 checked at submit may since have been rebound to a private one), the
@@ -42,6 +50,8 @@ POLL_S = 0.5              # how often an idle deliverer looks for due deliveries
 MAX_ANSWER_BYTES = 4096   # read at most this much of a receiver's answer, for its status line
 LEASE_FACTOR = 4          # a claim lasts this many attempt timeouts (DNS is not under our timeout)
 MAX_ERROR_CHARS = 300
+MAX_SKIPPED = 100         # due entries of finished or not-yet-due deliveries mended per look
+CLAIMED, LATER = 1, 2     # webhook_claim.lua's answers: {1, fields}, {2, when}; else {0}, over
 
 class DeliveryFailed(Exception):
     """One attempt did not get a 2xx: status is the HTTP status when one came back, else 0."""
@@ -117,14 +127,14 @@ class Deliverer:
     def __init__(self, client: redis.Redis, keys: Keys, settings: WorkerSettings):
         self.client, self.keys, self.settings = client, keys, settings
         self.lease_ms = int(LEASE_FACTOR * settings.webhook_timeout_s * 1000)
+        self._lease = lua_scripts.register(client, "webhook_lease")
         self._claim = lua_scripts.register(client, "webhook_claim")
         self._settle = lua_scripts.register(client, "webhook_settle")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="webhooks", daemon=True)
 
     def start(self) -> Deliverer:
-        if not self.keys.cluster:  # no job is made on a cluster (common/job_store.py, 501): nothing to deliver
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -141,16 +151,45 @@ class Deliverer:
             except redis.RedisError as exc:
                 log.warning("webhook deliveries paused: %s", exc)
 
+    def claim(self, token: str) -> Record | None:
+        """Lease the oldest due delivery and claim it under `token`: its job's record (the attempt
+        counted), or None when none is due. Due entries whose delivery is over are dropped on the
+        way, those not due yet scored at their time (MAX_SKIPPED of them at most)."""
+        due = self.keys.webhooks_due()
+        for _ in range(MAX_SKIPPED):
+            leased = self._lease(keys=[due], args=[now_ms(), self.lease_ms])
+            if not leased:
+                return None
+            job_id = leased.decode()
+            answer = self._claim(keys=[self.keys.job(job_id)], args=[now_ms(), token, self.settings.webhook_attempts])
+            if answer[0] == CLAIMED:
+                flat = answer[1]
+                return Record.parse(job_id, dict(zip(flat[::2], flat[1::2])))
+            if answer[0] == LATER:  # a retry not due yet (its settle's score was lost): back at its time
+                self.client.zadd(due, {job_id: int(answer[1])}, xx=True)
+            else:  # delivered, failed, expired: nothing left to deliver
+                self.client.zrem(due, job_id)
+        return None
+
+    def settle(self, record: Record, token: str, outcome: str, status: int, error: str, due_ms: int) -> bool:
+        """Settle a claimed attempt on its record if the claim still stands (delivered, retry at
+        due_ms, or failed), then score its due entry so: False when the claim no longer stands."""
+        settled = self._settle(keys=[self.keys.job(record.id)], args=[token, outcome, status, error, due_ms])
+        if settled:
+            due = self.keys.webhooks_due()
+            if outcome == "retry":
+                self.client.zadd(due, {record.id: due_ms})
+            else:
+                self.client.zrem(due, record.id)
+        return bool(settled)
+
     def deliver_one(self) -> bool:
         """Claim the oldest due delivery and attempt it; False when none is due."""
         token = f"{self.settings.worker_id} {uuid.uuid4().hex[:12]}"
-        claimed = self._claim(keys=[self.keys.webhooks_due()],
-                              args=[now_ms(), self.lease_ms, token, self.keys.job_prefix(),
-                                    self.settings.webhook_attempts])
-        if not claimed:
+        record = self.claim(token)
+        if record is None:
             return False
-        job_id, flat = claimed[0].decode(), claimed[1]
-        record = Record.parse(job_id, dict(zip(flat[::2], flat[1::2])))
+        job_id = record.id
         status, error = 0, ""
         try:
             status = self.attempt(record)
@@ -161,8 +200,7 @@ class Deliverer:
             outcome = "failed" if last else "retry"
             due = 0 if last else now_ms() + backoff_ms(record.webhook_attempts, self.settings.webhook_backoff_s)
             log.info("webhook for job %s, attempt %d: %s", job_id, record.webhook_attempts, error)
-        self._settle(keys=[self.keys.webhooks_due(), self.keys.job(job_id)],
-                     args=[job_id, token, outcome, status, error, due])
+        self.settle(record, token, outcome, status, error, due)
         return True
 
     def attempt(self, record: Record) -> int:

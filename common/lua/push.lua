@@ -1,17 +1,22 @@
--- push.lua: the web tier's push of one request's jobs onto a model's interactive queue, bounded
--- (web/pipeline.py). In one step, so concurrent requests cannot overfill the queue, and, with an
--- estimate, refused when the predicted answer is later than the request's budget
+-- push.lua: the web tier's push of one request's jobs onto a model version's queue in its priority
+-- lane, bounded (web/pipeline.py). In one step, so concurrent requests cannot overfill the queue,
+-- and, with an estimate, refused when the predicted answer is later than the request's budget
 -- (web/queueing/shedding.py's Capacity.wait_s, the same formula). With the caller's API key
 -- limited (web/queueing/limits.py), its rate (a token bucket) and its requests under way (a set
 -- of request tokens, each scored by its deadline) are checked first, and charged only when the
--- jobs are pushed.
+-- jobs are pushed. The jobs ahead of a request are those of its lane and the lanes above it
+-- (common/priority.py): the queue's limit and the predicted wait turn a low request away first.
+-- With no job waiting in any lane, the jobs go to the normal queue whatever their lane: they are
+-- at the front of the line anyway, and that is the queue an idle worker blocks on.
 --
--- KEYS[1]     the model's queue, funnel:queue:{<model>}:<version>
--- KEYS[2]     the caller's token bucket on this model, funnel:limit:{<model>}:<owner> (a hash:
+-- KEYS[1]     the version's high lane, funnel:queue-high:{<model>}:<version>
+-- KEYS[2]     its normal lane, funnel:queue:{<model>}:<version>
+-- KEYS[3]     its low lane, funnel:queue-low:{<model>}:<version>
+-- KEYS[4]     the caller's token bucket on this model, funnel:limit:{<model>}:<owner> (a hash:
 --             tokens, ms), read only when ARGV[10] is 1
--- KEYS[3]     the caller's requests under way on this model, funnel:running:{<model>}:<owner>,
+-- KEYS[5]     the caller's requests under way on this model, funnel:running:{<model>}:<owner>,
 --             read only when ARGV[10] is 1
--- KEYS[4..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>
+-- KEYS[6..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>
 --             (counted as jobs ahead, only with an estimate)
 -- ARGV[1]     the queue's length limit (0: no limit)
 -- ARGV[2]     1 to estimate the wait, else 0 (ARGV[3..9] are then unread)
@@ -29,38 +34,45 @@
 -- ARGV[14]    now, epoch ms
 -- ARGV[15]    this request's token (its first job's id)
 -- ARGV[16]    this request's deadline, epoch ms
--- ARGV[17..]  the jobs to LPUSH, wire bytes
--- Returns     {1, the queue's new length, jobs ahead (-1: not estimated)} when pushed;
---             {0, the queue's length} when the queue is at its limit;
+-- ARGV[17]    the request's lane: 1 high, 2 normal, 3 low (its queue is KEYS[ARGV[17]])
+-- ARGV[18..]  the jobs to LPUSH, wire bytes
+-- Returns     {1, the new length of the queue it went to, jobs ahead (-1: not estimated)} when pushed;
+--             {0, jobs queued in its lane and above} when they are at the queue's limit;
 --             {-1, jobs ahead} when the predicted wait is past the budget;
 --             {-2, ms until the key has a token} past the key's rate;
 --             {-3, ms until its earliest request under way is past its deadline} at the key's cap.
-local FIRST_JOB = 17
+local FIRST_JOB = 18
+local lane = tonumber(ARGV[17])
 local limited = ARGV[10] == '1'
 local tokens, now
 if limited then
   local rate, burst, cap = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
   now = tonumber(ARGV[14])
   if rate > 0 then
-    local bucket = redis.call('HMGET', KEYS[2], 'tokens', 'ms')
+    local bucket = redis.call('HMGET', KEYS[4], 'tokens', 'ms')
     tokens = math.min(burst, (tonumber(bucket[1]) or burst) + math.max(0, now - (tonumber(bucket[2]) or now)) * rate / 1000)
     if tokens < 1 then return {-2, math.ceil((1 - tokens) * 1000 / rate)} end
   end
   if cap > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)  -- requests past their deadline: over
-    if redis.call('ZCARD', KEYS[3]) >= cap then
-      local earliest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)  -- requests past their deadline: over
+    if redis.call('ZCARD', KEYS[5]) >= cap then
+      local earliest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
       return {-3, math.max(1, tonumber(earliest[2]) - now)}
     end
   end
 end
 local limit = tonumber(ARGV[1])
-local queued = redis.call('LLEN', KEYS[1])
+local waiting, queued = 0, 0  -- jobs in every lane; in the request's lane and those above it
+for i = 1, 3 do
+  local length = redis.call('LLEN', KEYS[i])
+  waiting = waiting + length
+  if i <= lane then queued = queued + length end
+end
 if limit > 0 and queued >= limit then return {0, queued} end
 local ahead = -1
 if ARGV[2] == '1' then
   ahead = queued
-  for i = 4, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
+  for i = 6, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
   local rate, item_s, batch_s, size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
   local n = #ARGV - FIRST_JOB + 1
   local k = math.min(size, ahead + n)
@@ -70,12 +82,13 @@ end
 if limited then
   local deadline = tonumber(ARGV[16])
   if tokens then
-    redis.call('HSET', KEYS[2], 'tokens', tokens - 1, 'ms', now)
-    redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[12]) * 1000 / tonumber(ARGV[11])) + 1000)  -- full again by then
+    redis.call('HSET', KEYS[4], 'tokens', tokens - 1, 'ms', now)
+    redis.call('PEXPIRE', KEYS[4], math.ceil(tonumber(ARGV[12]) * 1000 / tonumber(ARGV[11])) + 1000)  -- full again by then
   end
   if tonumber(ARGV[13]) > 0 then
-    redis.call('ZADD', KEYS[3], deadline, ARGV[15])
-    if redis.call('PTTL', KEYS[3]) < deadline - now then redis.call('PEXPIREAT', KEYS[3], deadline) end
+    redis.call('ZADD', KEYS[5], deadline, ARGV[15])
+    if redis.call('PTTL', KEYS[5]) < deadline - now then redis.call('PEXPIREAT', KEYS[5], deadline) end
   end
 end
-return {1, redis.call('LPUSH', KEYS[1], unpack(ARGV, FIRST_JOB)), ahead}
+if waiting == 0 then lane = 2 end
+return {1, redis.call('LPUSH', KEYS[lane], unpack(ARGV, FIRST_JOB)), ahead}

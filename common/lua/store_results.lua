@@ -1,18 +1,21 @@
 -- store_results.lua: store answered items of one job by index, once each, and count them
--- (common/jobs.py's store_results, inside a worker's reply MULTI or recovery's).
+-- (common/jobs.py: on a single Redis inside a worker's reply MULTI or recovery's; on a Redis
+-- Cluster a call of its own, before the reply script forgets the items' messages).
 -- include: webhook_due.lua (prepended by common/lua_scripts.py)
 --
--- KEYS[1]    the job record, funnel:job:<id>
--- KEYS[2]    its results hash, funnel:job:<id>:results (item index -> msgpack reply)
--- KEYS[3]    the due webhooks, funnel:webhooks
+-- KEYS[1]    the job record, funnel:job:{<id>}
+-- KEYS[2]    its results hash, funnel:job:{<id>}:results (item index -> msgpack reply)
+-- KEYS[3]    the due webhooks, funnel:webhooks; absent on a cluster (another slot: the caller
+--            marks the delivery due when this says it is pending)
 -- ARGV[1]    now, epoch ms
 -- ARGV[2]    the job id
 -- ARGV[3..]  triples: item index, msgpack reply, 1 if the reply is a success else 0
--- Returns    how many replies were new (HSETNX: a second answer to an item is counted in the
---            record's duplicates, never stored); -1 when the job expired or never was (its
---            results are dropped: nothing would ever read them). The item that completes the job
---            stamps finished_ms and makes its webhook due; both keys' TTL is pushed to ttl_ms.
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+-- Returns    {new, pending}: how many replies were new (HSETNX: a second answer to an item is
+--            counted in the record's duplicates, never stored), -1 when the job expired or never
+--            was (its results are dropped: nothing would ever read them); pending 1 while the job's
+--            webhook delivery is pending, else 0. The item that completes the job stamps
+--            finished_ms and makes its webhook due; both keys' TTL is pushed to ttl_ms.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local new, failed, seen = 0, 0, 0
 for i = 3, #ARGV, 3 do
   seen = seen + 1
@@ -31,4 +34,4 @@ end
 local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
 redis.call('PEXPIRE', KEYS[1], ttl)
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ttl) end
-return new
+return {new, webhook_pending(KEYS[1])}

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,3 +201,15 @@ def pytest_terminal_summary(terminalreporter):
         failed = ", ".join(f"{s}: {n}" for s, n in sorted(o.statuses.items()) if s != 200) or "none"
         lost = o.sent - sum(o.statuses.values())
         write(f"| {name} | {o.sent} | {o.ok} | {failed} | {stray} | {lost} | {o.wrong} |")
+
+
+@contextlib.contextmanager
+def one_paced_worker(tmp_path_factory, model: str, web_env: dict[str, str], **stack: Any) -> Iterator[Stack]:
+    """A stack of one worker of the toy scorer paced at 50 ms a batch of one (a few dozen requests
+    saturate it on any machine), its web tier with these settings, no deadline shedding."""
+    store = tmp_path_factory.mktemp(f"{model}-store")
+    toy_model.add_paced(store, tmp_path_factory.mktemp("paced"), model, 0.05, batch_size=1)
+    with Stack(model_store=store, models=[model], log_dir=tmp_path_factory.mktemp(f"{model}-logs"),
+               worker_env=PACED_ENV, web_env={**PACED_ENV, "FUNNEL_SHED": "0", "FUNNEL_REQUEST_TIMEOUT_S": "30",
+                                              **web_env}, **stack) as running:
+        yield running

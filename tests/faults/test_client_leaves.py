@@ -18,11 +18,9 @@ import redis
 
 from funnel.common import registry
 from funnel.common.keys import Keys
-from funnel.scripts.stack import Stack
 from funnel.web.auth import owner_of
-from tests import toy_model
 from tests.conftest import http
-from tests.faults.conftest import wait_for
+from tests.faults.conftest import one_paced_worker, wait_for
 
 PACED = "toy-paced"
 BODY = json.dumps({"input": [0.5, -1, 2, 0]}).encode()
@@ -31,17 +29,9 @@ LEAVERS = 120
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    store = tmp_path_factory.mktemp("leaving-store")
-    done = toy_model.add_toy(store, tmp_path_factory.mktemp("paced"), PACED, "toyscore.tasks:PacedScore",
-                             "--set", "pace_batch_s=0.05", "--set", "pace_item_s=0", "--batch-size", "1")
-    assert done.returncode == 0, done.stderr
-    env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
     limits = {"slow": {"rate": 2, "burst": 2}, "narrow": {"concurrency": 2}}
-    with Stack(model_store=store, models=[PACED], log_dir=tmp_path_factory.mktemp("leaving-logs"),
-               worker_env=env,
-               web_env={**env, "FUNNEL_SHED": "0", "FUNNEL_REQUEST_TIMEOUT_S": "30",
-                        "FUNNEL_API_KEYS": "open=key-open,slow=key-slow,narrow=key-narrow",
-                        "FUNNEL_KEY_LIMITS": json.dumps(limits)}) as running:
+    with one_paced_worker(tmp_path_factory, PACED, {"FUNNEL_API_KEYS": "open=key-open,slow=key-slow,narrow=key-narrow",
+                                                    "FUNNEL_KEY_LIMITS": json.dumps(limits)}) as running:
         yield running
 
 

@@ -1,5 +1,6 @@
 """The whole stack on a Redis Cluster (three primaries on loopback, a redis+cluster:// URL): both
 models answered as on a single Redis, each model's keys on its own node, redis-cli -c inspection,
+bulk jobs end to end (submit, status, results, Idempotency-Key, cancel, webhooks, the dashboard),
 and the core faults: a worker killed mid-batch, a full queue, shedding."""
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from funnel.common import registry, tasks
-from funnel.common.connection import connect
+from funnel.common.connection import connect, scan_keys
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
 from funnel.scripts.redis_local import redis_cli_binary
 from funnel.scripts.stack import Stack
 from funnel.web.queueing.shedding import REFRESH_S
-from tests.conftest import http
+from funnel_client import verify_webhook
+from tests.conftest import WebhookReceiver, http
 from tests.faults.conftest import (
     FAST_HEARTBEAT,
     TEXT,
@@ -36,13 +39,16 @@ from tests.faults.conftest import (
 
 IMAGE = "image-classifier"
 KEYS = Keys()
+SECRET = "cluster-webhook-secret"
+WEBHOOKS = {"FUNNEL_WEBHOOK_SECRET": SECRET, "FUNNEL_WEBHOOK_ALLOW_HOSTS": "127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
 def stack(redis_cluster, model_store, tmp_path_factory):
     with Stack(model_store=model_store, redis_url=redis_cluster.url, workers=[],
-               log_dir=tmp_path_factory.mktemp("cluster-stack"), web_env={"FUNNEL_MAX_QUEUE": "64"},
-               worker_env={**FAST_HEARTBEAT, "FUNNEL_LINGER_MS": "20", "FUNNEL_BATCH_SIZE": "8"}) as running:
+               log_dir=tmp_path_factory.mktemp("cluster-stack"), web_env={"FUNNEL_MAX_QUEUE": "64", **WEBHOOKS},
+               worker_env={**FAST_HEARTBEAT, **WEBHOOKS, "FUNNEL_LINGER_MS": "20",
+                           "FUNNEL_BATCH_SIZE": "8"}) as running:
         running.text_worker = running.start_worker(TEXT, FUNNEL_WORKER_ID="text-1")
         running.image_worker = running.start_worker(IMAGE, FUNNEL_WORKER_ID="image-1")
         running.wait_ready(90, expected={TEXT: 1, IMAGE: 1})
@@ -158,11 +164,100 @@ def test_a_wait_past_the_deadline_is_shed(stack, client):
     assert "Retry-After" in headers
 
 
-def test_bulk_jobs_are_refused_on_a_cluster(stack):
-    status, body, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body={"texts": ["a", "b"]})
-    assert status == 501 and body["error"]["code"] == "unsupported_on_cluster"
-    status, body, _ = predict(stack, TEXT, json_body={"text": "a"}, headers={"Prefer": "respond-async"})
-    assert status == 501 and body["error"]["code"] == "unsupported_on_cluster"
+def submit_job(stack, texts, webhook=None, headers=None):
+    body = {"texts": texts, **({"webhook": webhook} if webhook else {})}
+    return http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body=body, headers=headers)
+
+
+def job_status(stack, job_id):
+    return http("GET", f"{stack.url}/v1/jobs/{job_id}?limit=0")[1]
+
+
+def settled(stack, job_id, timeout_s=120):
+    """The job's status once it is final and its webhook delivered or given up."""
+    return wait_for(lambda: (lambda s: s if s["state"] in ("done", "failed", "cancelled")
+                             and s["webhook"]["state"] in ("delivered", "failed") else None)(job_status(stack, job_id)),
+                    timeout_s=timeout_s, interval_s=0.1, what="job final and its webhook settled")
+
+
+def test_a_bulk_job_end_to_end_on_a_cluster(stack, client, reference):
+    """Submit with an Idempotency-Key and a webhook, replay it, read status and results, and find its
+    keys in its own slot: the record and results hash (the store script's) together, the
+    Idempotency-Key in the model's (the submit's MULTI, with the bulk queue)."""
+    texts = [f"cluster bulk {i}: {'the quick brown fox ' * (i % 5)}" for i in range(240)]
+    with WebhookReceiver() as receiver:
+        code, body, headers = submit_job(stack, texts, receiver.url, headers={"Idempotency-Key": "cluster-1"})
+        assert code == 202, body
+        job_id = body["id"]
+        assert headers["Location"] == f"/v1/jobs/{job_id}" and body["progress"]["total"] == len(texts)
+        code, again, headers = submit_job(stack, texts, receiver.url, headers={"Idempotency-Key": "cluster-1"})
+        assert code == 202 and again["id"] == job_id and headers.get("Idempotent-Replayed") == "true"
+        code, other, _ = submit_job(stack, texts[:3], receiver.url, headers={"Idempotency-Key": "cluster-1"})
+        assert code == 422 and other["error"]["code"] == "idempotency_key_reused"
+        final = settled(stack, job_id)
+        (hook_headers, payload), = receiver.wait_for(1)
+    assert final["state"] == "done" and final["progress"] == {"done": len(texts), "total": len(texts), "failed": 0}
+    assert final["webhook"]["state"] == "delivered" and final["webhook"]["attempts"] == 1
+    delivered = verify_webhook(SECRET, hook_headers, payload)
+    assert delivered["id"] == job_id and delivered["state"] == "done"
+    code, page, _ = http("GET", f"{stack.url}/v1/jobs/{job_id}?offset=230&limit=50")
+    assert code == 200 and len(page["results"]) == 10 and page["next_offset"] is None
+    lines = http_lines(f"{stack.url}/v1/jobs/{job_id}/results")
+    assert len(lines) == len(texts) and all(line and "embedding" in line for line in lines)
+    for i in (0, 1, 117, 239):
+        assert np.allclose(lines[i]["embedding"], reference(TEXT, texts[i])["embedding"], atol=1e-4), i
+    assert np.allclose(page["results"][0]["embedding"], lines[230]["embedding"])
+    record = client.hgetall(KEYS.job(job_id))
+    assert record[b"duplicates"] == b"0" and record[b"done"] == str(len(texts)).encode()
+    assert client.hlen(KEYS.job_results(job_id)) == len(texts)
+    assert client.cluster_keyslot(KEYS.job(job_id)) == client.cluster_keyslot(KEYS.job_results(job_id))
+    assert client.ttl(KEYS.job(job_id)) > 0 and client.ttl(KEYS.job_results(job_id)) > 0
+    assert client.zscore(KEYS.webhooks_due(), job_id) is None  # settled: out of the due set
+    idempotency = list(scan_keys(client, f"funnel:idempotency:{{{TEXT}}}:*"))  # on every primary
+    assert len(idempotency) == 1 and client.get(idempotency[0]) == job_id.encode()
+    assert client.cluster_keyslot(idempotency[0]) == client.cluster_keyslot(KEYS.bulk(TEXT))
+    assert http("GET", f"{stack.url}/v1/jobs/{'f' * 32}")[0] == 404
+
+
+def test_a_bulk_job_cancelled_on_a_cluster_stops_and_tells_its_webhook(stack, client):
+    texts = [f"cluster cancel {i}: {'lorem ipsum dolor ' * (i % 9)}" for i in range(2500)]
+    with WebhookReceiver() as receiver:
+        code, body, _ = submit_job(stack, texts, receiver.url)
+        assert code == 202, body
+        job_id = body["id"]
+        wait_for(lambda: job_status(stack, job_id)["progress"]["done"] >= 16, timeout_s=60, interval_s=0.05,
+                 what="some progress")
+        shown = http("GET", f"{stack.url}/dashboard/state")[1]["jobs"]  # the dashboard's unfinished jobs
+        assert job_id in [job["id"] for job in shown]
+        code, body, _ = http("DELETE", f"{stack.url}/v1/jobs/{job_id}")
+        assert code == 200 and body["state"] == "cancelled", body
+        at_cancel = body["progress"]["done"]
+        final = settled(stack, job_id)
+        (hook_headers, payload), = receiver.wait_for(1)
+    assert verify_webhook(SECRET, hook_headers, payload)["state"] == "cancelled"
+    assert final["state"] == "cancelled" and final["webhook"]["state"] == "delivered"
+    wait_for(lambda: client.llen(KEYS.bulk(TEXT)) == 0, timeout_s=60, what="its items dropped unrun")
+    done = job_status(stack, job_id)["progress"]["done"]
+    assert at_cancel <= done < len(texts) // 2  # only the batches in hand at the cancel ended
+    shown = http("GET", f"{stack.url}/dashboard/state")[1]["jobs"]
+    assert job_id not in [job["id"] for job in shown]
+    assert http("DELETE", f"{stack.url}/v1/jobs/{'f' * 32}")[0] == 404
+
+
+def test_an_async_predict_is_a_job_on_a_cluster(stack):
+    code, body, headers = predict(stack, TEXT, json_body={"text": "later, please"}, headers={"Prefer": "respond-async"})
+    assert code == 202 and headers.get("Preference-Applied") == "respond-async", body
+    done = wait_for(lambda: (lambda s: s if s["state"] == "done" else None)(job_status(stack, body["id"])),
+                    timeout_s=60, interval_s=0.1, what="async predict done")
+    assert done["progress"] == {"done": 1, "total": 1, "failed": 0}
+
+
+def http_lines(url: str) -> list:
+    """A JSON Lines answer, one value a line."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return [orjson.loads(line) for line in answer.read().splitlines() if line]
 
 
 def test_a_worker_killed_mid_batch_has_its_jobs_answered_once(stack, client, reference):
@@ -186,3 +281,25 @@ def test_a_worker_killed_mid_batch_has_its_jobs_answered_once(stack, client, ref
     assert_each_answered_once(outcome, len(batch), stray)
     assert recovered >= held > 0
     assert not client.exists(KEYS.inflight(TEXT, "victim"))
+
+
+def test_a_bulk_item_past_its_attempts_is_answered_into_its_job_on_a_cluster(client):
+    """Recovery stores the too_many_attempts error in the job's slot, apart from its requeue MULTI."""
+    from funnel.common import wire
+    from funnel.worker.recovery import Recovery
+    from tests.unit.test_jobs import make_job
+
+    keys = Keys(cluster=True)
+    job_id = make_job(client, keys, 2)
+    held = [wire.Job(id=f"{job_id}-{i}", model="m", inputs={"x": np.zeros(1, np.int32)},
+                     reply_to=keys.job_results(job_id), deadline=wire.now_ms() + 60_000, attempt=attempt)
+            for i, attempt in ((0, 2), (1, 0))]
+    client.hset(keys.workers(), "dead-bulk", "m")
+    for job in held:
+        client.lpush(keys.inflight("m", "dead-bulk"), wire.encode_job(job))
+    assert Recovery(client, keys, "peer", max_attempts=3, reply_ttl_s=60).sweep() == 1
+    stored = client.hgetall(keys.job_results(job_id))
+    assert list(stored) == [b"0"] and wire.decode_reply(stored[b"0"]).error["code"] == "too_many_attempts"
+    assert int(client.hget(keys.job(job_id), "done")) == 1
+    assert [wire.decode_job(r).id for r in client.lrange(keys.bulk("m"), 0, -1)] == [f"{job_id}-1"]
+    assert client.llen(keys.dead("m")) == 1

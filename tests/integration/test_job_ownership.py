@@ -122,10 +122,10 @@ def test_idempotency_keys_are_each_api_keys_own(stack):
     again = submit(stack, texts, BOB, **{"Idempotency-Key": "order-17"})
     assert again[1]["id"] == same_body[1]["id"] and again[2]["Idempotent-Replayed"] == "true"
     client = redis.Redis.from_url(stack.redis_url)
-    owners = {client.hget(f"funnel:job:{body['id']}", "owner_label") for _, body, _ in (first, same_body, other_body)}
+    owners = {client.hget(Keys().job(body['id']), "owner_label") for _, body, _ in (first, same_body, other_body)}
     assert owners == {b"alice", b"bob", b"ops"}
-    assert client.hget(f"funnel:job:{first[1]['id']}", "owner") == auth.owner_of("keyA").encode()
-    assert not any(key in raw for raw in client.hgetall(f"funnel:job:{first[1]['id']}").values()
+    assert client.hget(Keys().job(first[1]['id']), "owner") == auth.owner_of("keyA").encode()
+    assert not any(key in raw for raw in client.hgetall(Keys().job(first[1]['id'])).values()
                    for key in (b"keyA", b"keyB"))  # the hash is recorded, never the key
 
 

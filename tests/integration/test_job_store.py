@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from funnel.common import jobs, tasks
+from funnel.common.connection import connect, scan_keys
 from funnel.common.errors import BadInput, NotFound, Overloaded
-from funnel.common.job_store import Conflict, Gone, JobStore, OnCluster
+from funnel.common.job_store import Conflict, Gone, JobStore
 from funnel.common.job_submit import SubmitLimits
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
@@ -148,19 +149,26 @@ class Raced(JobStore):
         return found
 
 
-def test_a_submit_that_loses_the_race_for_its_key_answers_the_winners_job(task, redis_server, redis_client, keys):
-    rival = JobStore(redis.Redis.from_url(redis_server.url), keys, TTL_S)
+def lose_the_race(task, client, rival_client, keys) -> str:
+    """A submit whose Idempotency-Key a rival's submit takes while it is under way: it answers the
+    winner's job and leaves no record or item of its own. The winner's id."""
+    rival = JobStore(rival_client, keys, TTL_S)
     winner_id = jobs.new_job_id()
     payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [task.preprocess("the winner")])
-    raced = Raced(redis_client, keys, TTL_S, rival, dict(
+    raced = Raced(client, keys, TTL_S, rival, dict(
         job_id=winner_id, model=MODEL, created_ms=now_ms(), payloads=payloads, body_sha256="same",
         idempotency_key="race", caller=ANYONE))
     loser_id = jobs.new_job_id()
     record, replayed = raced.create(loser_id, MODEL, now_ms(), [b"loser item"], "same", idempotency_key="race",
                                     caller=ANYONE)
     assert raced.raced and replayed and record.id == winner_id
-    assert not redis_client.exists(keys.job(loser_id))
-    assert redis_client.lrange(keys.bulk(MODEL), 0, -1) == payloads  # the winner's item only
+    assert not client.exists(keys.job(loser_id)) and client.exists(keys.job(winner_id))
+    assert client.lrange(keys.bulk(MODEL), 0, -1) == payloads  # the winner's item only
+    return winner_id
+
+
+def test_a_submit_that_loses_the_race_for_its_key_answers_the_winners_job(task, redis_server, redis_client, keys):
+    lose_the_race(task, redis_client, redis.Redis.from_url(redis_server.url), keys)
 
 
 def all_at_once(stores, task, texts, key) -> list[tuple[jobs.Record, bool]]:
@@ -257,14 +265,30 @@ def test_the_bulk_queue_limit_refuses_a_submit_whole(store, task, redis_client, 
     assert redis_client.llen(keys.bulk(MODEL)) == 3 and job_records(redis_client, keys) == 1
 
 
-def test_on_a_cluster_every_call_is_refused(task, redis_client):
-    store = JobStore(redis_client, Keys("funnel", cluster=True), TTL_S)
-    for call in (store.usable, lambda: store.load("f" * 32, ANYONE),
-                 lambda: store.cancel("f" * 32, ANYONE),
-                 lambda: make(store, task, ["x"])):
-        with pytest.raises(OnCluster) as refused:
-            call()
-        assert (refused.value.status, refused.value.code) == (501, "unsupported_on_cluster")
+def test_on_a_cluster_a_submit_writes_its_record_apart_and_one_that_loses_or_is_refused_leaves_none(
+        task, redis_cluster):
+    """On a Redis Cluster the record (the job's slot) is written before the MULTI that queues the
+    items and sets the Idempotency-Key (the model's slot): a submit that loses the key's race, or
+    whose body conflicts, deletes its record; concurrent submits with one key still make one job."""
+    keys = Keys("funnel", cluster=True)
+    client = connect(redis_cluster.url, socket_timeout=5)
+
+    def records() -> int:
+        return sum(bool(keys.job_of(k.decode())) for k in scan_keys(client, keys.pattern("job")))
+
+    lose_the_race(task, client, connect(redis_cluster.url, socket_timeout=5), keys)
+    store = JobStore(client, keys, TTL_S)
+    with pytest.raises(Conflict):
+        make(store, task, ["another body"], key="race")
+    assert records() == 1
+    stores = [JobStore(connect(redis_cluster.url, socket_timeout=5), keys, TTL_S) for _ in range(4)]
+    for round_ in range(8):
+        answers = all_at_once(stores, task, ["together one", "together two"], f"cluster-{round_}")
+        assert len({record.id for record, _ in answers}) == 1 and sum(not r for _, r in answers) == 1, round_
+    assert records() == 1 + 8 and client.llen(keys.bulk(MODEL)) == 1 + 2 * 8
+    loaded, payloads_read = store.load(answers[0][0].id, ANYONE, 0, 5)  # record and results: one slot, one MULTI
+    assert loaded.total == 2 and payloads_read == [None, None]
+    assert store.cancel(loaded.id, ANYONE).state == "cancelled"
 
 
 # -- ownership: a job is its submitter's (docs/jobs.md, "Ownership") -----------------------------

@@ -13,6 +13,7 @@ import pytest
 import redis
 from werkzeug.datastructures import Headers
 
+from funnel.common.keys import Keys
 from funnel.scripts.stack import Stack
 from tests.conftest import http
 from tests.faults.conftest import wait_for
@@ -76,7 +77,7 @@ def test_bulk_job_equals_the_synchronous_answers_in_order(stack):
         got = np.array([r["embedding"] for r in results[start:start + 64]])
         assert np.allclose(got, np.array([s["embedding"] for s in sync]), atol=1e-5), start
     client = redis.Redis.from_url(stack.redis_url)
-    assert int(client.hget(f"funnel:job:{body['id']}", "duplicates")) == 0
+    assert int(client.hget(Keys().job(body['id']), "duplicates")) == 0
 
 
 def json_lines(stack, job_id, offset=0):
@@ -153,7 +154,7 @@ def test_idempotent_resubmit(stack):
     assert submit(stack, texts[:3], {"Idempotency-Key": "order-17"})[0] == 422  # same key, other body
     finished(stack, first[1]["id"])
     client = redis.Redis.from_url(stack.redis_url)
-    assert int(client.hget(f"funnel:job:{first[1]['id']}", "total")) == 40  # queued once
+    assert int(client.hget(Keys().job(first[1]['id']), "total")) == 40  # queued once
 
 
 def test_cancel_mid_job_runs_no_untaken_item(stack):
@@ -221,4 +222,4 @@ def test_without_api_keys_anyone_reads_and_cancels_any_job(stack):
         assert http("GET", f"{stack.url}/v1/jobs/{job['id']}?limit=1", headers=who)[0] == 200
         assert http("DELETE", f"{stack.url}/v1/jobs/{job['id']}", headers=who)[0] == 200
     client = redis.Redis.from_url(stack.redis_url)
-    assert client.hmget(f"funnel:job:{job['id']}", "owner", "owner_label") == [b"", b""]
+    assert client.hmget(Keys().job(job['id']), "owner", "owner_label") == [b"", b""]

@@ -105,6 +105,47 @@ def test_a_batch_links_every_request_it_served(stack, receiver):
     assert all(s.attributes["funnel.batch_size"] == len(s.links) for s in shared)
 
 
+def test_a_bulk_job_is_a_span_every_batch_of_its_items_links_to(stack, receiver):
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    texts = [f"bulk item {i}" for i in range(40)]  # more than one batch (the worker's batch size is 32)
+    status, answer, _ = http("POST", f"{stack.url}/v1/models/{TEXT}/jobs", json_body={"texts": texts},
+                             headers={"traceparent": traceparent(trace_id), "X-Request-ID": "bulk-traced"})
+    assert status == 202, answer
+
+    def submitted(spans):
+        return {f"job {TEXT}", "prepare", "admit", "store"} <= {s.name for s in spans if s.trace_id == trace_id}
+
+    spans = [s for s in receiver.wait_for(submitted) if s.trace_id == trace_id]
+    (job,) = [s for s in spans if s.name == f"job {TEXT}"]
+    assert job.service == "funnel-web" and job.parent_id == PARENT_ID  # the client's span is its parent
+    assert {k: job.attributes.get(k) for k in ("funnel.model", "funnel.model_version", "funnel.job_id",
+                                               "funnel.items", "funnel.request_id")} == {
+        "funnel.model": TEXT, "funnel.model_version": 1, "funnel.job_id": answer["id"], "funnel.items": len(texts),
+        "funnel.request_id": "bulk-traced"}
+    for step in ("prepare", "admit", "store"):
+        (found,) = [s for s in spans if s.name == step]
+        assert found.parent_id == job.span_id, step
+    # Every item carried the job span's context: the batches that ran them link to it, once each,
+    # the link telling how many of the batch's jobs were the job's items.
+    key = (trace_id, job.span_id)
+
+    def ran(found) -> dict[str, int]:
+        return {s.span_id: s.link_attributes[s.links.index(key)]["funnel.jobs"]
+                for s in found if s.name == f"batch {TEXT}" and key in s.links}
+
+    spans = receiver.wait_for(lambda found: sum(ran(found).values()) >= len(texts), timeout_s=60)
+    assert sum(ran(spans).values()) == len(texts)
+    batches = [s for s in spans if s.span_id in ran(spans)]
+    assert len(batches) >= 2 and all(s.links.count(key) == 1 for s in batches)
+    assert all(s.service == "funnel-worker" and s.trace_id != trace_id for s in batches)
+    assert all(ran(spans)[s.span_id] <= s.attributes["funnel.batch_size"] for s in batches)
+    # and each item's time in the bulk queue is a child of the job span, told by the worker
+    queued = receiver.wait_for(lambda found: sum(s.name == "queue" and s.parent_id == job.span_id
+                                                 for s in found) >= len(texts))
+    assert sum(s.name == "queue" and s.parent_id == job.span_id and s.service == "funnel-worker"
+               for s in queued) == len(texts)
+
+
 def test_a_request_id_is_echoed_and_in_both_tiers_log_lines(stack):
     status, answer, headers = http("POST", f"{stack.url}/v2/models/{TEXT}/infer",
                                    json_body={"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],

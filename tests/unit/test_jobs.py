@@ -24,10 +24,13 @@ def test_job_ids_carry_their_creation_time():
 
 def test_job_keys(keys):
     assert keys.bulk("m") == "funnel:bulk:{m}:1"
-    assert keys.job("abc") == "funnel:job:abc" and keys.job_results("abc") == "funnel:job:abc:results"
-    assert keys.job_of_results("funnel:job:abc:results") == "abc"
-    assert keys.job_of_results("funnel:job:abc") == "" and keys.job_of_results("funnel:reply:abc") == ""
-    assert keys.is_reply("funnel:job:abc:results", "m") and not keys.is_reply("funnel:job:abc", "m")
+    assert keys.job("abc") == "funnel:job:{abc}" and keys.job_results("abc") == "funnel:job:{abc}:results"
+    assert keys.job_of_results("funnel:job:{abc}:results") == "abc" and keys.job_of("funnel:job:{abc}") == "abc"
+    assert keys.job_of_results("funnel:job:{abc}") == "" and keys.job_of_results("funnel:reply:abc") == ""
+    assert keys.job_of("funnel:job:{abc}:results") == "" and keys.job_of("funnel:job:abc") == ""
+    assert keys.job_of_results("funnel:job:{a:b}:results") == "" and keys.job_of("funnel:job:{a}b}") == ""
+    assert keys.is_reply("funnel:job:{abc}:results", "m") and not keys.is_reply("funnel:job:{abc}", "m")
+    assert keys.idempotency("m", "ab12") == "funnel:idempotency:{m}:ab12"
     with pytest.raises(ValueError):
         keys.bulk("bad name")
 

@@ -38,7 +38,8 @@ def test_the_bucket_refills_at_the_rate(redis_client, keys):
 
     def send(now_ms: int) -> list:
         return push(keys=push_script.keys_of(keys, "m", 1, "owner1", ()),
-                    args=push_script.args_of(0, None, 10, limit, now_ms, f"t{now_ms}", now_ms + 10_000, [b"job"]))
+                    args=push_script.args_of(0, None, 10, limit, now_ms, f"t{now_ms}", now_ms + 10_000, "normal",
+                                             [b"job"]))
 
     t = 1_000_000
     assert send(t)[0] == 1 and send(t)[0] == 1

@@ -98,7 +98,22 @@ def test_reply_keys_are_recognised():
     assert not keys.is_reply("funnel:reply:abc", "m")
 
 
-def test_a_bulk_jobs_results_are_a_reply_key_except_on_a_cluster():
+def test_a_bulk_jobs_results_are_answered_everywhere_but_in_the_models_steps_only_off_a_cluster():
     results = Keys("funnel").job_results("abc")
     assert Keys("funnel").is_reply(results, "m")
-    assert not Keys("funnel", cluster=True).is_reply(results, "m")  # another slot: refused there
+    assert not Keys("funnel", cluster=True).is_reply(results, "m")  # another slot: stored apart there
+    for keys in (Keys("funnel"), Keys("funnel", cluster=True)):
+        assert keys.answers_to(results, "m") and keys.answers_to(keys.reply("m", "web-1"), "m")
+        assert not keys.answers_to(keys.job("abc"), "m") and not keys.answers_to(keys.reply("other", "x"), "m")
+
+
+def test_a_jobs_keys_share_its_slot_and_its_idempotency_keys_their_models():
+    """The store, cancel and webhook scripts touch a job's record and results together; the submit's
+    MULTI watches and sets an Idempotency-Key with the model's bulk queue."""
+    keys = Keys("funnel")
+    for job_id in ("0190abcdef01" + "0" * 20, "0190abcdef01" + "f" * 20, "j"):
+        assert slot(keys.job(job_id)) == slot(keys.job_results(job_id))
+    spread = {slot(keys.job(f"{i:032x}")) for i in range(64)}
+    assert len(spread) > 32  # jobs spread over the slots (and so the nodes), not all on their model's
+    for model in (TEXT, IMAGE, "m"):
+        assert slot(keys.idempotency(model, "ab" * 24)) == slot(keys.bulk(model, 2)) == slot(keys.queue(model))

@@ -76,6 +76,21 @@ def test_tracing_is_off_without_an_endpoint_and_on_with_one():
     assert not tracing.enabled({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"})
 
 
+def test_off_every_span_is_the_no_op_which_lets_exceptions_through(monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.setattr(tracing, "_providers", {})
+    spans = tracing.Spans("funnel-test")
+    assert spans.tracer is None
+    assert spans.request("predict m", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") is tracing.NO_SPAN
+    assert spans.step("parse") is tracing.NO_SPAN and spans.traceparent() == ""
+    with spans.request("predict m"), spans.step("parse"):  # nested and entered again: stateless
+        with spans.step("parse"):
+            spans.annotate(model="m")
+    with pytest.raises(KeyError), spans.step("wait"):  # the no-op must not swallow what its block raises
+        raise KeyError("inside")
+
+
 def test_spans_reach_a_receiver_with_the_parent_a_traceparent_names(monkeypatch):
     with Receiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)

@@ -163,7 +163,7 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
             redis_client.lpush(keys.queue(MODEL), *[b"x"] * ahead)
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
-            args = push_script.args_of(0, cap.script_args(), budget, None, 0, "t", 0, [b"j1", b"j2"])
+            args = push_script.args_of(0, cap.script_args(), budget, None, 0, "t", 0, "normal", [b"j1", b"j2"])
             outcome, *_ = push(keys=push_script.keys_of(keys, MODEL, 1, push_script.UNLIMITED, ["w1"]), args=args)
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:

@@ -149,6 +149,61 @@ def test_a_cancel_makes_the_webhook_due_once(redis_client, keys):
     assert redis_client.zscore(keys.webhooks_due(), job_id) is None
 
 
+# -- on a Redis Cluster the due mark is a step of its own: the paths that mend a lost one -----------
+# Keys(cluster=True) on one real Redis runs the cluster's code paths (the scripts given no due set,
+# the mark apart); a real cluster runs them end to end in tests/integration/test_cluster.py.
+
+
+def test_on_a_cluster_the_store_marks_the_webhook_due_apart_and_a_second_answer_mends_a_lost_mark(redis_client,
+                                                                                                  keys):
+    cluster = type(keys)(keys.prefix, cluster=True)
+    job_id = make_job(redis_client, cluster, 2)
+    store(redis_client, cluster, job_id, 0, 1)
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
+    assert webhook_of(redis_client, keys, job_id)["state"] == "pending"
+    redis_client.zrem(keys.webhooks_due(), job_id)  # the worker died between the store and its mark
+    store(redis_client, cluster, job_id, 1)  # so its items ran again: their second answer marks it
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
+    record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
+    assert (record.done, record.duplicates) == (2, 1)
+
+
+def test_on_a_cluster_a_cancels_lost_mark_is_mended_by_the_worker_dropping_its_items(redis_client, keys):
+    from funnel.common.wire import Job, encode_job
+
+    cluster = type(keys)(keys.prefix, cluster=True)
+    job_store = JobStore(redis_client, cluster, ttl_s=60)
+    job_id = make_job(redis_client, cluster, 3)
+    assert job_store.cancel(job_id, jobs.Caller.anyone()).state == "cancelled"
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
+    redis_client.zrem(keys.webhooks_due(), job_id)  # the web process died between the cancel and its mark
+    items = [encode_job(Job(id=jobs.item_id(job_id, i), model="m", inputs={"x": np.zeros(1, np.int32)},
+                            reply_to=cluster.job_results(job_id), deadline=now_ms() + 60_000)) for i in range(3)]
+    kept, dropped = jobs.drop_stopped(redis_client, cluster, items)
+    assert (kept, dropped) == ([], 3)
+    assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
+
+
+def test_a_settles_lost_score_and_a_dead_lease_are_mended_by_the_next_claim(redis_client, keys):
+    with WebhookReceiver([500, 200]) as receiver:
+        job_id = final_job(redis_client, keys, receiver.url)
+        worker = deliverer(redis_client, keys)
+        assert worker.deliver_one()  # a 500: a retry 50 ms on
+        due = redis_client.zscore(keys.webhooks_due(), job_id)
+        redis_client.zadd(keys.webhooks_due(), {job_id: now_ms() - 1})  # as if the settle's score was lost
+        assert worker.claim("early") is None  # its retry is not due yet: back at its time, not attempted
+        assert redis_client.zscore(keys.webhooks_due(), job_id) == due
+        assert webhook_of(redis_client, keys, job_id)["attempts"] == 1
+        redis_client.hset(keys.job(job_id), "webhook_next_ms", now_ms() - 1)
+        redis_client.zadd(keys.webhooks_due(), {job_id: now_ms() - 1})
+        leased = worker._lease(keys=[keys.webhooks_due()], args=[now_ms(), 200])  # and its claimer died
+        assert leased.decode() == job_id and worker.claim("meanwhile") is None
+        wait_for(worker.deliver_one, timeout_s=5, interval_s=0.01, what="the lease to run out")
+    hook = webhook_of(redis_client, keys, job_id)
+    assert (hook["state"], hook["attempts"]) == ("delivered", 2) and len(receiver.deliveries) == 2
+    assert redis_client.zcard(keys.webhooks_due()) == 0
+
+
 def test_a_submit_naming_a_webhook_needs_the_secret():
     with pytest.raises(BadInput) as refused:
         check_webhook("https://hooks.example.com/", SubmitLimits(max_bulk_queue=10))
@@ -212,9 +267,8 @@ def test_errors_are_retried_with_backoff_then_given_up(redis_client, keys):
 def test_a_dead_deliverers_claim_comes_back_after_its_lease_and_its_late_answer_is_ignored(redis_client, keys):
     job_id = final_job(redis_client, keys, "http://127.0.0.1:9/never-asked")
     dead = deliverer(redis_client, keys, "dead", webhook_timeout_s=0.05)  # a lease of 0.2 s
-    claimed = dead._claim(keys=[keys.webhooks_due()], args=[now_ms(), dead.lease_ms, "dead token",
-                                                            keys.job_prefix(), 3])
-    assert claimed[0].decode() == job_id  # ... and then the process died
+    claimed = dead.claim("dead token")
+    assert claimed is not None and claimed.id == job_id  # ... and then the process died
     with WebhookReceiver() as receiver:
         redis_client.hset(keys.job(job_id), "webhook_url", receiver.url)
         live = deliverer(redis_client, keys, "live")
@@ -222,10 +276,10 @@ def test_a_dead_deliverers_claim_comes_back_after_its_lease_and_its_late_answer_
         wait_for(live.deliver_one, timeout_s=5, interval_s=0.01, what="the lease to run out")
         assert len(receiver.deliveries) == 1
     # The dead claimer's answer, had it come late, changes nothing.
-    assert dead._settle(keys=[keys.webhooks_due(), keys.job(job_id)],
-                        args=[job_id, "dead token", "retry", 500, "late", now_ms()]) == 0
+    assert not dead.settle(claimed, "dead token", "retry", 500, "late", now_ms())
     hook = webhook_of(redis_client, keys, job_id)
     assert (hook["state"], hook["attempts"]) == ("delivered", 2)
+    assert redis_client.zcard(keys.webhooks_due()) == 0  # nor puts it back in the due set
 
 
 def test_attempts_used_up_by_dead_claimers_end_failed(redis_client, keys):

@@ -24,14 +24,14 @@ from typing import Any, TypeVar
 import grpc
 import redis
 
-from funnel.common import logs
+from funnel.common import logs, priority
 from funnel.common.errors import BadInput, FunnelError, Unavailable
 from funnel.common.tasks import Task
 from funnel.common.wire import Reply
 from funnel.web import errors
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
-from funnel.web.grpc.messages import infer_response, outputs_header, read_inputs
+from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
 from funnel.web.pipeline import Origin, Pipeline, Work
 from funnel.web.protocols import v2
 
@@ -62,6 +62,8 @@ class InferParser:
         wanted = v2.requested_outputs(task, outputs_header(request))
         work = v2.items_of(task, read_inputs(request, self.max_items), self.max_items)
         work.context = {"wanted": wanted}
+        if "priority" in request.parameters:  # as tritonclient sends it: Triton's number, or a lane's name
+            work.priority = priority.parse(parameter(request.parameters["priority"]))
         return work
 
 
@@ -122,7 +124,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request_id = logs.request_id_of(metadata.get("x-request-id"))
         logs.REQUEST_ID.set(request_id)
         return Origin.of(request_id, metadata.get("authorization", ""), self.settings.api_keys,
-                         metadata.get("traceparent", ""), metadata.get("tracestate", ""))
+                         metadata.get("traceparent", ""), metadata.get("tracestate", ""), metadata.get("x-priority"))
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

@@ -33,14 +33,13 @@ from typing import Any
 import orjson
 from flask import Blueprint, Flask, Response, jsonify, request
 
-from funnel.common import jobs
+from funnel.common import jobs, logs
 from funnel.common.errors import BadInput, FunnelError
-from funnel.common.job_store import OnCluster
 from funnel.common.job_submit import WEBHOOK_HEADER
 from funnel.common.wire import WireError, decode_reply
 from funnel.web import auth
 from funnel.web.jsonio import OPTIONS
-from funnel.web.pipeline import Pipeline
+from funnel.web.pipeline import Origin, Pipeline
 from funnel.web.protocols.inputs import read_images, read_items, read_json_items
 from funnel.web.settings import WebSettings
 
@@ -62,15 +61,8 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
     blueprint.add_url_rule("/v1/jobs/<job_id>", "status", routes.status, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>/results", "results", routes.results, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "cancel", routes.cancel, methods=["DELETE"])
-    if pipeline.keys.cluster:
-        blueprint.before_request(refuse_on_cluster)
     app.register_blueprint(blueprint)
     app.add_url_rule("/v1/models/<name>/predict", "predict_async", routes.predict_async, methods=["POST"])
-
-
-def refuse_on_cluster() -> None:
-    """Every jobs route answers 501 on a Redis Cluster, before the request's body is read."""
-    raise OnCluster()
 
 
 class Routes:
@@ -107,8 +99,11 @@ class Routes:
         return response
 
     def _submitted(self, name: str, items: list[Any], webhook: str | None) -> Response:
+        # The request's id and the client's trace context: the job's span (when traced) is their child.
+        origin = Origin(request_id=logs.REQUEST_ID.get(), traceparent=request.headers.get("traceparent", ""),
+                        tracestate=request.headers.get("tracestate", ""))
         record, replayed = self.pipeline.submit_job(name, items, request.headers.get("Idempotency-Key"), webhook,
-                                                    request.get_data(), auth.caller(self.settings))
+                                                    request.get_data(), auth.caller(self.settings), origin)
         return accepted(record, replayed)
 
     def status(self, job_id: str) -> Response:

@@ -44,7 +44,8 @@ class V1:
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
         request_id = logs.REQUEST_ID.get()
         meta = [{"worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
-                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id}
+                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
+                 "priority": work.priority}
                 for r in replies]
         if work.context["single"]:
             body = {"model": name, **results[0], "meta": meta[0]}

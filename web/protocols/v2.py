@@ -28,7 +28,7 @@ from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request
 
-from funnel.common import registry
+from funnel.common import priority, registry
 from funnel.common.errors import BadInput, FunnelError
 from funnel.common.registry import live_workers
 from funnel.common.tasks import Task
@@ -239,6 +239,9 @@ class V2:
         wanted = requested_outputs(task, header)
         work = items_of(task, read_inputs(header, binary), self.max_items)
         work.context = {"wanted": wanted, "id": header.get("id")}
+        parameters = header.get("parameters")
+        if isinstance(parameters, dict) and "priority" in parameters:  # Triton's number, or a lane's name
+            work.priority = priority.parse(parameters["priority"])
         return work
 
     def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from funnel.common import priority
 from funnel.common.keys import Keys
 from funnel.web.queueing.limits import Limit
 
@@ -11,15 +12,16 @@ UNLIMITED = "anyone"  # the owner named in the limit keys of a caller without li
 
 
 def keys_of(keys: Keys, model: str, version: int, owner: str, inflight: Iterable[str]) -> list[str]:
-    """KEYS: the version's queue, the caller's bucket and requests under way, the workers' in-flight lists."""
-    return [keys.queue(model, version), keys.limit(model, owner), keys.running(model, owner),
-            *(keys.inflight(model, worker) for worker in inflight)]
+    """KEYS: the version's three lanes, the caller's bucket and requests under way, the workers'
+    in-flight lists."""
+    return [*(keys.queue(model, version, lane) for lane in priority.LANES), keys.limit(model, owner),
+            keys.running(model, owner), *(keys.inflight(model, worker) for worker in inflight)]
 
 
 def args_of(max_queue: int, estimate: Sequence[float | str] | None, budget_s: float, limit: Limit | None,
-            now_ms: int, token: str, deadline_ms: int, jobs: list[bytes]) -> list:
+            now_ms: int, token: str, deadline_ms: int, lane: str, jobs: list[bytes]) -> list:
     """ARGV: the queue's limit, the estimate (None: none; else Capacity.script_args), the budget, the
-    caller's limit (None: unlimited), now, the request's token and deadline, then the jobs."""
+    caller's limit (None: unlimited), now, the request's token and deadline, its lane, then the jobs."""
     shed = [1, budget_s, *estimate] if estimate is not None else [0, budget_s, 0, 0, 0, 0, 0, 0]
     limited = [1, *limit.script_args()] if limit is not None else [0, 0, 0, 0]
-    return [max_queue, *shed, *limited, now_ms, token, deadline_ms, *jobs]
+    return [max_queue, *shed, *limited, now_ms, token, deadline_ms, priority.LANES.index(lane) + 1, *jobs]

@@ -80,6 +80,7 @@ class Capacity:
     item_s: float = 0.0  # a, averaged over the workers that have timed batches
     batch_s: float = 0.0  # b, likewise
     batch_size: int = 1  # B, likewise
+    lanes: bool = True  # every live worker takes the priority lanes (false while older ones serve too)
 
     @property
     def known(self) -> bool:
@@ -100,14 +101,15 @@ def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Cap
     """A model version's Capacity from the registry's live workers."""
     mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
     costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
+    lanes = all(registry.takes_lanes(w) for w in mine)
     if not costs:
-        return Capacity(tuple(w["id"] for w in mine))
+        return Capacity(tuple(w["id"] for w in mine), lanes=lanes)
     # A worker not timed yet (just started) is assumed as fast as the mean of the others.
     rates = [size / (item_s * size + batch_s) for item_s, batch_s, size in costs]
     mean = len(costs)
     return Capacity(tuple(w["id"] for w in mine), rate=sum(rates) / mean * len(mine),
                     item_s=sum(c[0] for c in costs) / mean, batch_s=sum(c[1] for c in costs) / mean,
-                    batch_size=max(1, round(sum(c[2] for c in costs) / mean)))
+                    batch_size=max(1, round(sum(c[2] for c in costs) / mean)), lanes=lanes)
 
 
 class Calibration:

@@ -80,6 +80,7 @@ class Front:
         request.max_content_length = self.max_body
         request_id = logs.request_id_of(environ.get("HTTP_X_REQUEST_ID"))
         logs.REQUEST_ID.set(request_id)  # this request's task's own: every log line about it names it
+        origin: Origin | None = None  # known once its key is checked
         try:
             body = await _body(receive, request.content_length, self.max_body)
             if body is None:
@@ -87,7 +88,8 @@ class Front:
             environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
             request.body = body
             origin = Origin.of(request_id, environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys,
-                               environ.get("HTTP_TRACEPARENT", ""), environ.get("HTTP_TRACESTATE", ""))
+                               environ.get("HTTP_TRACEPARENT", ""), environ.get("HTTP_TRACESTATE", ""),
+                               environ.get("HTTP_X_PRIORITY"))
             if adapter is self.openai:  # its model is named in the body, not the path
                 params = {"name": self.openai.model_of(request)}
         except Exception as exc:
@@ -103,8 +105,7 @@ class Front:
                 if not left:
                     raise  # the server is stopping, not the client leaving
                 status, data, headers = CLIENT_LEFT, b"", []
-        name = params["name"] if self.pipeline.catalog.versions(params.get("name", "")) else "unknown"
-        metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
+        self._count(params.get("name", ""), status, started, request, origin, headers)
         if status == CLIENT_LEFT:
             return  # nobody to answer
         headers = [*headers, ("X-Request-ID", request_id)]
@@ -114,6 +115,14 @@ class Front:
                     "headers": [(b"content-length", str(len(data)).encode()),
                                 *((k.lower().encode(), v.encode()) for k, v in headers)]})
         await send({"type": "http.response.body", "body": data})
+
+    def _count(self, name: str, status: int, started: float, request: PredictRequest, origin: Origin | None,
+               headers: list[tuple[str, str]]) -> None:
+        """/metrics: the request by model and status, and by its key and lane once its key was known."""
+        name = name if self.pipeline.catalog.versions(name) else "unknown"
+        metrics.count(name, status, time.perf_counter() - started, request.content_length, self.settings.access_log)
+        if origin is not None:
+            metrics.count_key(name, origin.label, dict(headers).get("X-Priority", origin.priority), status)
 
     def _route(self, scope: Any) -> tuple[Adapter, dict[str, str]] | None:
         path = scope["path"]

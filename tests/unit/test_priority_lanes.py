@@ -1,0 +1,127 @@
+"""Priority lanes against a real Redis: how a push picks its queue, how a take fills a batch from
+the lanes with floor shares, and how the names clients send are read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from funnel.common import lua_scripts, priority
+from funnel.common.errors import BadInput
+from funnel.common.keys import Keys
+from funnel.common.wire import Job, decode_job, encode_job, now_ms
+from funnel.web.queueing import push_script
+from funnel.web.queueing.limits import parse as parse_limits
+from funnel.worker import queue as worker_queue
+from funnel.worker.lanes import Shares
+from funnel.worker.linger import Linger
+from funnel.worker.queue import JobQueue
+from tests.unit.test_jobs import item, make_job
+
+MODEL = "m"
+
+
+def job(lane: str, n: int) -> bytes:
+    return encode_job(Job(id=f"{lane}-{n}", model=MODEL, inputs={"x": np.zeros(1, np.int32)}, reply_to="r",
+                          deadline=now_ms() + 60_000, priority="" if lane == priority.NORMAL else lane))
+
+
+def push(redis_client, keys: Keys, lane: str, jobs: list[bytes], max_queue: int = 0) -> list:
+    script = lua_scripts.register(redis_client, "push")
+    return script(keys=push_script.keys_of(keys, MODEL, 1, push_script.UNLIMITED, ()),
+                  args=push_script.args_of(max_queue, None, 10, None, 0, "t", 0, lane, jobs))
+
+
+@pytest.mark.parametrize(("value", "lane"), [
+    (None, "normal"), ("", "normal"), ("high", "high"), (" LOW ", "low"), ("Normal", "normal"),
+    (1, "high"), (0, "normal"), (2, "normal"), (3, "low"), (7, "low"), ("1", "high"), ("3", "low")])
+def test_clients_name_a_lane_or_tritons_number(value, lane):
+    assert priority.parse(value) == lane
+
+
+@pytest.mark.parametrize("value", ["urgent", "-1", -1, True, 1.5, "9" * 40, [1], {}])
+def test_anything_else_is_a_400(value):
+    with pytest.raises(BadInput) as raised:
+        priority.parse(value)
+    assert raised.value.code == "bad_priority" and len(raised.value.message) < 120
+
+
+def test_a_key_may_be_held_below_high():
+    limits = parse_limits('{"basic": {"priority": "normal"}, "*": {"priority": "low"}, "vip": {"rate": 5}}')
+    assert limits["basic"].priority == "normal" and limits["vip"].priority == "high"
+    assert priority.at_most("high", limits["basic"].priority) == "normal"
+    assert priority.at_most("low", limits["basic"].priority) == "low"
+    with pytest.raises(ValueError, match="priority must be one of"):
+        parse_limits('{"x": {"priority": "urgent"}}')
+
+
+def test_with_every_lane_empty_a_request_goes_to_the_normal_queue(redis_client, keys):
+    assert push(redis_client, keys, "high", [job("high", 0)])[0] == 1
+    assert redis_client.llen(keys.queue(MODEL)) == 1  # an idle worker blocks there
+    push(redis_client, keys, "high", [job("high", 1)])
+    push(redis_client, keys, "low", [job("low", 0)])
+    assert [redis_client.llen(keys.queue(MODEL, 1, lane)) for lane in priority.LANES] == [1, 1, 1]
+
+
+def test_the_queue_limit_turns_a_low_request_away_first(redis_client, keys):
+    push(redis_client, keys, "normal", [job("normal", n) for n in range(3)], max_queue=3)
+    assert push(redis_client, keys, "low", [job("low", 0)], max_queue=3)[:2] == [0, 3]
+    assert push(redis_client, keys, "normal", [job("normal", 9)], max_queue=3)[:2] == [0, 3]
+    assert push(redis_client, keys, "high", [job("high", 0)], max_queue=3)[0] == 1  # nothing ahead of it
+
+
+def test_a_batch_takes_high_first_and_every_lane_its_floor_share(redis_client, keys):
+    for lane in priority.LANES:
+        redis_client.lpush(keys.queue(MODEL, 1, lane), *[job(lane, n) for n in range(100)])
+    bulk_job = make_job(redis_client, keys, 100)
+    redis_client.lpush(keys.bulk(MODEL), *[item(keys, bulk_job, i) for i in range(100)])
+    queue = JobQueue(redis_client, keys, MODEL, "w1", bulk_share=0.25)
+    served = {"high": 0, "normal": 0, "low": 0, "bulk": 0}
+    for _ in range(10):
+        taken = queue.take(10, Linger(0), 0.1)
+        assert len(taken) == 10
+        for raw in taken:
+            lane = "bulk" if keys.job(bulk_job).encode() in raw else decode_job(raw).priority or "normal"
+            served[lane] += 1
+        queue.forget(len(taken))
+    # Floors: normal 0.2, low 0.1, bulk 0.25 of the places; high the rest.
+    assert served == {"high": 45, "normal": 20, "low": 10, "bulk": 25}, served
+    # Oldest first within a lane.
+    first_high = [decode_job(raw).id for raw in redis_client.lrange(keys.queue(MODEL, 1, "high"), -3, -1)]
+    assert first_high == ["high-47", "high-46", "high-45"]
+
+
+def test_floor_shares_hold_with_batches_of_one():
+    shares = Shares([0.0, 0.2, 0.1, 0.25])
+    served = [0, 0, 0, 0]
+    for _ in range(400):  # every lane backlogged: the take gives each reserved place, lowest lane first
+        places, left, taken = shares.reserve(1), 1, [0, 0, 0, 0]
+        for lane in (3, 2, 1):
+            taken[lane] = min(places[lane], left)
+            left -= taken[lane]
+        taken[0] = left
+        shares.spend(taken)
+        served = [a + b for a, b in zip(served, taken)]
+    assert served[1] >= 0.8 * 0.2 * 400 and served[2] >= 0.8 * 0.1 * 400 and served[3] >= 0.8 * 0.25 * 400
+    assert served[0] >= 0.3 * 400, served
+
+
+def test_high_jobs_left_behind_an_empty_normal_queue_wake_an_idle_worker(redis_client, keys):
+    redis_client.lpush(keys.queue(MODEL, 1, "high"), *[job("high", n) for n in range(3)])
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    assert len(queue.take(2, Linger(0), 0.1)) == 2
+    # One moved to where idle workers block: another worker's BLMOVE takes it at once.
+    assert redis_client.llen(keys.queue(MODEL)) == 1 and redis_client.llen(keys.queue(MODEL, 1, "high")) == 0
+    other = JobQueue(redis_client, keys, MODEL, "w2")
+    queue._interactive_at -= worker_queue.INTERACTIVE_RECENT_S
+    assert [decode_job(raw).id for raw in other.take(4, Linger(0), 0.1)] == ["high-2"]
+
+
+def test_while_an_older_worker_serves_a_version_its_requests_are_served_as_normal():
+    from funnel.web.queueing.shedding import capacity
+
+    new = {"id": "w-new", "model": MODEL, "version": "1", "lanes": "1"}
+    old = {"id": "w-old", "model": MODEL, "version": "1"}  # before the lanes: takes the normal queue only
+    assert capacity([new], MODEL).lanes and capacity([], MODEL).lanes
+    assert not capacity([new, old], MODEL).lanes
+    assert capacity([new, {**old, "version": "2"}], MODEL).lanes  # another version's workers do not count
