@@ -37,7 +37,7 @@ from typing import Any
 import redis
 
 from funnel.common import jobs, lua_scripts
-from funnel.common.errors import FunnelError, NotFound, Overloaded
+from funnel.common.errors import FunnelError, NotFound, Overloaded, Unavailable
 from funnel.common.jobs import Caller
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, encode_job, now_ms
@@ -45,6 +45,7 @@ from funnel.common.wire import Job, encode_job, now_ms
 PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
 ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them
 RESULTS_CHUNK = 1000  # results per HMGET while streaming: a large job never sits in memory whole
+REPLICA_WAIT_MS = 1000  # how long a submit waits for its replicas (FUNNEL_JOB_REPLICAS) before refusing
 
 
 class Gone(FunnelError):
@@ -56,8 +57,9 @@ class Conflict(FunnelError):
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int):
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, replicas: int = 0):
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
+        self.replicas = 0 if keys.cluster else replicas  # a cluster's WAIT has no node to ask: not there yet
         self._cancel = lua_scripts.register(client, "cancel")
 
     # -- create ----------------------------------------------------------------
@@ -124,7 +126,25 @@ class JobStore:
         finally:
             if apart and not made:  # replayed, refused or failed: no item of it was queued
                 self._forget(job)
+        if self.replicas:
+            self._replicated(job, ttl_ms, idem)
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+
+    def _replicated(self, job: str, ttl_ms: int, idem: str | None) -> None:
+        """Return once `replicas` replicas hold the job just written, else undo it and refuse (503):
+        Redis replicates asynchronously, and a 202 is a promise a failover must not break. WAIT
+        counts a connection's own writes, so the wait follows a write of its own (the record's TTL,
+        set again) on one connection: replicated in order, it is acknowledged after the job."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.pexpire(job, ttl_ms)
+        pipe.wait(self.replicas, REPLICA_WAIT_MS)
+        _, acknowledged = pipe.execute()
+        if acknowledged < self.replicas:
+            self._forget(job)  # its items, already queued, are dropped unrun as a job that never was
+            if idem:
+                self.client.delete(idem)
+            raise Unavailable(f"the job was not on {self.replicas} Redis replica(s) within {REPLICA_WAIT_MS} ms, "
+                              "so it was not accepted; retry", code="not_replicated", retry_after=1)
 
     @staticmethod
     def _write_record(pipe: Any, job: str, record: dict, ttl_ms: int) -> Any:
@@ -133,8 +153,10 @@ class JobStore:
         return pipe
 
     def _forget(self, job: str) -> None:
-        """Delete a record whose items were never queued (a cluster's create): best effort, since
-        it fails where Redis has gone, and such a record only waits for its TTL."""
+        """Delete a record that was not accepted (a cluster's create that queued none of its items,
+        or a job no replica confirmed, whose queued items workers then drop unrun as a job that
+        never was): best effort, since it fails where Redis has gone, and such a record only waits
+        for its TTL."""
         try:
             self.client.delete(job)
         except redis.RedisError:

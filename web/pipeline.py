@@ -131,7 +131,7 @@ class Pipeline:
         self.workers = WorkerView(client, keys)
         self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
-        self.jobs = JobStore(client, keys, settings.job_ttl_s)
+        self.jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
         self.key_limits = limits.parse(settings.key_limits)
         self.spans = tracing.Spans("funnel-web")

@@ -10,9 +10,10 @@ run of the same answer (its EXEC's answer lost).
 
 Every key of the reply script carries the model's hash tag (the worker checks
 each job's reply_to against its model, worker/batch.py), so on Redis Cluster
-it stays in one slot. Bulk items' results are stored once per item whoever
-answers it (common/lua/store_results.lua): on a single Redis in the same MULTI
-as the reply script; on a cluster, where they live in their job's slot, in
+it stays in one slot. Bulk items' results are stored once per item
+(common/lua/store_results.lua): on a single Redis in the same MULTI as the
+reply script, and only while the item's message is still in flight, as the
+reply script answers; on a cluster, where they live in their job's slot, in
 steps of their own before it (common/jobs.py, store_results_apart), so a
 crash in between leaves the items in flight, for recovery to run again.
 """
@@ -40,12 +41,13 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
            taken_ids: Sequence[str] = ()) -> list[str]:
     """Store the bulk items' results; then, for each message taken (its job's id in taken_ids, "" if
     it had none), forget it, and push its reply or park it as dead only if it was still in flight.
-    Returns the ids of the jobs answered: bulk items always, the others only if still held.
+    Returns the ids of the jobs answered: those still held (bulk items on a cluster: all).
 
-    All or nothing on a single Redis (one script, or a MULTI with the bulk results): a crash before
-    it leaves the jobs in flight for recovery, a crash after leaves nothing half done. On a cluster
-    the bulk results are stored first: a crash before the reply script leaves their messages in
-    flight, and their second answer is counted, never stored.
+    All or nothing on a single Redis (one script, or a MULTI with the bulk results, each stored only
+    while its message is still in flight): a crash before it leaves the jobs in flight for recovery,
+    a crash after leaves nothing half done. On a cluster the bulk results are stored first: a crash
+    before the reply script leaves their messages in flight, and their second answer is counted,
+    never stored.
     """
     by_job: dict[str, list[Reply]] = {}  # items of async and bulk jobs: stored by index, not pushed
     by_id: dict[str, tuple[str, Reply]] = {}
@@ -57,14 +59,18 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
     lists: list[str] = []  # the reply lists, KEYS[3..] of the reply script
     parked = set(dead)
     args: list = [ttl_s]
-    replied = []  # per message: the id of the job it answers, "" if none
+    replied = []  # per message: the id of the job it answers (a bulk item's own), "" if none
+    item_ids = {reply.id for answered in by_job.values() for reply in answered}
+    messages: dict[str, bytes] = {}  # a bulk item's id -> its message: stored only while still in flight
     for raw, job_id in zip(taken, taken_ids, strict=True):
         found = by_id.pop(job_id, None)
         if found is not None and found[0] not in lists:
             lists.append(found[0])
         args += [raw, lists.index(found[0]) + 3 if found else 0, encode_reply(found[1]) if found else b"",
                  int(raw in parked)]
-        replied.append(job_id if found else "")
+        replied.append(job_id if found or job_id in item_ids else "")
+        if job_id in item_ids:
+            messages[job_id] = raw
     if by_id:
         raise ValueError(f"replies to jobs this batch did not take: {sorted(by_id)}")
     reply_keys = [keys.inflight(model, worker_id), keys.dead(model), *lists]
@@ -76,11 +82,13 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
         held = lua_scripts.register(client, "reply")(keys=reply_keys, args=args) if taken else []
     else:  # bulk items on a single Redis: their results and the replies in one MULTI
         pipe = client.pipeline(transaction=True)
-        for results_key, items in by_job.items():
-            store_results(pipe, keys, results_key, items)
+        held_by = keys.inflight(model, worker_id) if taken else ""  # stored only while still in flight
+        for results_key, answered in by_job.items():
+            store_results(pipe, keys, results_key, answered, held_by, messages)
         if taken:
             lua_scripts.register(pipe, "reply")(keys=reply_keys, args=args)
         done = pipe.execute()
         held = done[-1] if taken else []
-    bulk = [reply.id for items in by_job.values() for reply in items]
-    return bulk + [job_id for job_id, still in zip(replied, held) if job_id and still]
+    # Stored whoever held them: on a cluster (apart, first), or when no message was named.
+    apart = [reply.id for answered in by_job.values() for reply in answered] if keys.cluster or not taken else []
+    return apart + [job_id for job_id, still in zip(replied, held) if job_id and still and job_id not in apart]

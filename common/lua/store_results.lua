@@ -7,9 +7,14 @@
 -- KEYS[2]    its results hash, funnel:job:{<id>}:results (item index -> msgpack reply)
 -- KEYS[3]    the due webhooks, funnel:webhooks; absent on a cluster (another slot: the caller
 --            marks the delivery due when this says it is pending)
+-- KEYS[4]    the answering worker's in-flight list, funnel:inflight:{<model>}:<worker>: given only
+--            in its reply MULTI on a single Redis (before the reply script forgets the messages),
+--            where an item is stored only while its message is still there: a worker paused past
+--            its heartbeat, whose items a peer recovered, stores nothing once resumed
 -- ARGV[1]    now, epoch ms
 -- ARGV[2]    the job id
--- ARGV[3..]  triples: item index, msgpack reply, 1 if the reply is a success else 0
+-- ARGV[3..]  triples: item index, msgpack reply, 1 if the reply is a success else 0; with KEYS[4],
+--            quadruples: those and the item's message as taken (wire bytes)
 -- Returns    {new, pending}: how many replies were new (HSETNX: a second answer to an item is
 --            counted in the record's duplicates, never stored), -1 when the job expired or never
 --            was (its results are dropped: nothing would ever read them); pending 1 while the job's
@@ -17,11 +22,15 @@
 --            finished_ms and makes its webhook due; both keys' TTL is pushed to ttl_ms.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local new, failed, seen = 0, 0, 0
-for i = 3, #ARGV, 3 do
-  seen = seen + 1
-  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
-    new = new + 1
-    if ARGV[i + 2] == '0' then failed = failed + 1 end
+local held = KEYS[4]
+local width = held and 4 or 3
+for i = 3, #ARGV, width do
+  if not held or redis.call('LPOS', held, ARGV[i + 3]) then
+    seen = seen + 1
+    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+      new = new + 1
+      if ARGV[i + 2] == '0' then failed = failed + 1 end
+    end
   end
 end
 local done = redis.call('HINCRBY', KEYS[1], 'done', new)

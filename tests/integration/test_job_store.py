@@ -360,3 +360,26 @@ def test_without_api_keys_the_idempotency_key_is_named_as_before(store, keys):
     assert store._idempotency(MODEL, "order-17", ANYONE) == keys.idempotency(
         MODEL, hashlib.sha256(b"order-17").hexdigest()[:48])
     assert store._idempotency(MODEL, "order-17", ALICE) != store._idempotency(MODEL, "order-17", BOB)
+
+
+def test_with_job_replicas_a_job_is_accepted_only_once_a_replica_holds_it(task, sentinels):
+    """Behind Sentinel, FUNNEL_JOB_REPLICAS=1: the 202 waits for the replica (WAIT), so a failover
+    right after it cannot lose the job; with the replica gone, the submit is refused and undone."""
+    from funnel.common.errors import Unavailable
+
+    keys = Keys()
+    store = JobStore(connect(sentinels.url, socket_timeout=5), keys, TTL_S, replicas=1)
+    replica = redis.Redis(port=sentinels.replica.port)
+    job_id = jobs.new_job_id()
+    payloads = store.item_payloads(job_id, MODEL, now_ms(), [task.preprocess("kept")])
+    store.create(job_id, MODEL, now_ms(), payloads, "sha", idempotency_key="kept", caller=ANYONE)
+    assert replica.exists(keys.job(job_id)) and replica.llen(keys.bulk(MODEL)) == 1  # there at the 202
+    sentinels.replica.stop()
+    refused = jobs.new_job_id()
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as raised:
+        store.create(refused, MODEL, now_ms(), payloads, "sha2", idempotency_key="refused", caller=ANYONE)
+    assert raised.value.code == "not_replicated" and time.monotonic() - started < 5
+    primary = redis.Redis(port=sentinels.primary.port)
+    assert not primary.exists(keys.job(refused))  # undone: its queued item is dropped as a job that never was
+    assert store.replay(MODEL, "refused", "sha2", ANYONE) is None  # a retry with the key makes it anew

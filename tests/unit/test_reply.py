@@ -42,3 +42,21 @@ def test_jobs_recovered_while_the_worker_was_paused_are_not_answered_again(redis
     # The same answer again (its first EXEC's answer lost): nothing more goes out.
     assert answer(redis_client, keys, "w2", MODEL, replies, [], 60, raws, ids) == []
     assert redis_client.llen(keys.reply(MODEL, "web-1")) == 1
+
+
+def test_bulk_items_recovered_while_the_worker_was_paused_are_not_stored_by_it(redis_client, keys):
+    from funnel.common import jobs
+    from tests.unit.test_jobs import item, make_job
+
+    job_id = make_job(redis_client, keys, 3)
+    raws = [item(keys, job_id, i) for i in range(3)]
+    ids = [jobs.item_id(job_id, i) for i in range(3)]
+    redis_client.lpush(keys.inflight("m", "w3"), *raws)
+    redis_client.lrem(keys.inflight("m", "w3"), 1, raws[0])  # a peer requeued item 0 while w3 was paused
+    results = keys.job_results(job_id)
+    replies = [(results, Reply(id=i, ok=True, outputs={"y": 1})) for i in ids]
+    assert answer(redis_client, keys, "w3", "m", replies, [], 60, raws, ids) == ids[1:]
+    assert sorted(redis_client.hkeys(results)) == [b"1", b"2"]  # item 0 is its next worker's to store
+    record = redis_client.hgetall(keys.job(job_id))
+    assert record[b"done"] == b"2" and record.get(b"duplicates", b"0") == b"0"
+    assert redis_client.llen(keys.inflight("m", "w3")) == 0
