@@ -377,8 +377,8 @@ class Soak:
                                        "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_SPINNING": "0"},
                            web_env={**env, "FUNNEL_REQUEST_TIMEOUT_S": f"{DEADLINE_S:g}", "FUNNEL_PROCESSES": "1",
                                     "FUNNEL_JOB_TTL_S": "3600",
-                                    # an accepted job on the replica before its 202 (not on a cluster)
-                                    "FUNNEL_JOB_REPLICAS": "0" if self.cluster else "1"})
+                                    # an accepted job, bulk or interactive, on a replica before it is answered
+                                    "FUNNEL_JOB_REPLICAS": "1"})
         for model in (TEXT, IMAGE):
             for _ in range(self.workers_per_model):
                 self.workers.append((model, self.stack.start_worker(model)))

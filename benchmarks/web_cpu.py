@@ -134,27 +134,36 @@ def code(into: Path, commit: str | None, hooks: bool = True) -> str:
 
 
 def strip_spans(code: str) -> str:
-    """A module's source without its calls to `self.spans`: each `with self.spans.<span>(...):`
-    replaced by its body, each `self.spans.annotate(...)` by `pass`, `self.spans.traceparent()` by
-    "" (what it is when off). SystemExit if one is left (a hook of a shape this does not know)."""
+    """A module's source without its tracing: `trace = self.spans.request(...)` made `trace = None`,
+    each `with trace or ...:` replaced by its body, each `if trace:` (no else) by `pass`, each
+    `x if trace else y` by y (what they are when off). SystemExit if a hook is left (one of a
+    shape this does not know)."""
 
-    def hook(node: ast.AST) -> bool:
+    def traced(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id == "trace"
+
+    def spans_call(node: ast.AST) -> bool:
         return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "spans"
                 and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self")
+
+    def hook(node: ast.AST) -> bool:
+        return (spans_call(node) or (isinstance(node, (ast.If, ast.IfExp)) and traced(node.test))
+                or (isinstance(node, ast.BoolOp) and traced(node.values[0])))
 
     class Strip(ast.NodeTransformer):
         def visit_With(self, node: ast.With) -> Any:
             self.generic_visit(node)
             return node.body if len(node.items) == 1 and hook(node.items[0].context_expr) else node
 
-        def visit_Expr(self, node: ast.Expr) -> Any:
-            return ast.Pass() if hook(node.value) else self.generic_visit(node)
+        def visit_If(self, node: ast.If) -> Any:
+            return ast.Pass() if traced(node.test) and not node.orelse else self.generic_visit(node)
+
+        def visit_IfExp(self, node: ast.IfExp) -> Any:
+            return self.visit(node.orelse) if traced(node.test) else self.generic_visit(node)
 
         def visit_Call(self, node: ast.Call) -> Any:
-            if hook(node) and isinstance(node.func, ast.Attribute) and node.func.attr == "traceparent":
-                return ast.Constant("")
-            return self.generic_visit(node)
+            return ast.Constant(None) if spans_call(node) else self.generic_visit(node)
 
     tree = ast.fix_missing_locations(Strip().visit(ast.parse(code)))
     left = [getattr(n, "lineno", 0) for n in ast.walk(tree) if hook(n)]
@@ -224,30 +233,30 @@ def environments(variants: list[tuple[str, dict[str, str]]], folder: Path,
 
 
 def hook_cost(iterations: int = 200_000, repeats: int = 7) -> float:
-    """Tracing off, in process: ns per request of the tracing calls Pipeline.infer and run make for
-    one /v1 predict (the request's span, two annotations, six steps, the traceparent for its jobs),
+    """Tracing off, in process: ns per request of the tracing hooks Pipeline.infer and run hold for
+    one /v1 predict (the request's trace, entered; six step marks; the traceparent for its jobs),
     less an empty loop's; the median of `repeats`."""
     spans = tracing.Spans("funnel-web")
     spans.tracer = None  # off, whatever this process's environment says
     name, request_id = MODEL, "0123456789abcdef"
 
     def hooks() -> None:
-        with spans.request(f"predict {name}", "", "", request_id=request_id):
-            spans.annotate(model=name, model_version=1)
-            with spans.step("parse"):
-                pass
-            with spans.step("prepare"):
-                pass
-            spans.annotate(items=1)
-            with spans.step("admit"):
-                pass
-            spans.traceparent()
-            with spans.step("enqueue"):
-                pass
-            with spans.step("wait"):
-                pass
-            with spans.step("render"):
-                pass
+        trace = spans.request("predict", name, "", "", request_id)
+        with trace or tracing.NO_SPAN:
+            if trace:
+                trace.step("parse", model=name, model_version=1)
+            if trace:
+                trace.step("prepare")
+            if trace:
+                trace.step("admit", items=1)
+            traceparent = trace.traceparent if trace else ""
+            if trace:
+                trace.step("enqueue", priority="normal")
+            if trace:
+                trace.step("wait")
+            if trace:
+                trace.step("render")
+        assert not traceparent
 
     def nothing() -> None:
         pass

@@ -53,6 +53,13 @@ class Unavailable(FunnelError):
     status, code = 503, "unavailable"
 
 
+class NotReplicated(Unavailable):
+    """A job the Redis primary took but fewer replicas than FUNNEL_JOB_REPLICAS held in time: refused,
+    since a failover could lose it, and undone (common/job_store.py, web/queueing/outbox.py)."""
+
+    code, retry_after = "not_replicated", 1
+
+
 class Timeout(FunnelError):
     status, code = 504, "timeout"
 

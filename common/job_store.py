@@ -19,6 +19,10 @@ a submit that loses the key's race, or fails, deletes the record it wrote. A
 web process killed between the two leaves a record with no items, that no
 client was told of, until the job TTL expires it (shown queued meanwhile).
 
+With FUNNEL_JOB_REPLICAS a new job is accepted only once that many replicas
+hold it (WAIT), on a cluster on both nodes it was written to; else it is
+undone and refused (NotReplicated, 503), since a failover could lose it.
+
 Every call that touches a job says who asks (jobs.Caller): a job is its
 submitter's, and anyone else (but an admin key) is answered as for an id that
 never existed, after the same Redis round trips (no timing tell).
@@ -32,12 +36,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from funnel.common import jobs, lua_scripts
-from funnel.common.errors import FunnelError, NotFound, Overloaded, Unavailable
+from funnel.common.errors import FunnelError, NotFound, NotReplicated, Overloaded
 from funnel.common.jobs import Caller
 from funnel.common.keys import Keys
 from funnel.common.wire import Job, encode_job, now_ms
@@ -45,7 +51,16 @@ from funnel.common.wire import Job, encode_job, now_ms
 PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
 ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them
 RESULTS_CHUNK = 1000  # results per HMGET while streaming: a large job never sits in memory whole
-REPLICA_WAIT_MS = 1000  # how long a submit waits for its replicas (FUNNEL_JOB_REPLICAS) before refusing
+REPLICA_WAIT_MS = 1000  # how long a new job, bulk or interactive, waits for its replicas (FUNNEL_JOB_REPLICAS)
+
+
+def node_client(client: redis.Redis, key: str) -> redis.Redis:
+    """The client of the one Redis that holds `key`: on a Redis Cluster its slot's node's own, else the
+    client itself. A pipeline of it is sent on one connection, as WAIT needs (it counts the writes of
+    its own connection), where each call of a cluster client may take another."""
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
 
 
 class Gone(FunnelError):
@@ -58,8 +73,7 @@ class Conflict(FunnelError):
 
 class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, replicas: int = 0):
-        self.client, self.keys, self.ttl_s = client, keys, ttl_s
-        self.replicas = 0 if keys.cluster else replicas  # a cluster's WAIT has no node to ask: not there yet
+        self.client, self.keys, self.ttl_s, self.replicas = client, keys, ttl_s, replicas
         self._cancel = lua_scripts.register(client, "cancel")
 
     # -- create ----------------------------------------------------------------
@@ -102,49 +116,73 @@ class JobStore:
         if apart:
             self._write_record(self.client.pipeline(transaction=True), job, record, ttl_ms).execute()
         made = False
-        try:
-            with self.client.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        if idem:
-                            pipe.watch(idem)  # a key set since by another submit fails the EXEC
-                            existing = self._replay(pipe, idem, body_sha256, caller)
-                            if existing is not None:
-                                return existing, True
-                        pipe.multi()
-                        if not apart:
-                            self._write_record(pipe, job, record, ttl_ms)
-                        for start in range(0, len(payloads), PUSH_CHUNK):
-                            pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
-                        if idem:
-                            pipe.set(idem, job_id, px=ttl_ms)
-                        pipe.execute()
-                        made = True
-                        break
-                    except redis.WatchError:
-                        continue  # the key changed between WATCH and EXEC: read it again
-        finally:
-            if apart and not made:  # replayed, refused or failed: no item of it was queued
-                self._forget(job)
-        if self.replicas:
-            self._replicated(job, ttl_ms, idem)
+        with self._queueing(bulk) as queueing:
+            try:
+                with queueing.pipeline(transaction=True) as pipe:
+                    while True:
+                        try:
+                            if idem:
+                                pipe.watch(idem)  # a key set since by another submit fails the EXEC
+                                existing = self._replay(pipe, idem, body_sha256, caller)
+                                if existing is not None:
+                                    return existing, True
+                            pipe.multi()
+                            if not apart:
+                                self._write_record(pipe, job, record, ttl_ms)
+                            for start in range(0, len(payloads), PUSH_CHUNK):
+                                pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
+                            if idem:
+                                pipe.set(idem, job_id, px=ttl_ms)
+                            pipe.execute()
+                            made = True
+                            break
+                        except redis.WatchError:
+                            continue  # the key changed between WATCH and EXEC: read it again
+            finally:
+                if apart and not made:  # replayed, refused or failed: no item of it was queued
+                    self._forget(job)
+            if self.replicas:
+                self._replicated(job, ttl_ms, idem, queueing)
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
 
-    def _replicated(self, job: str, ttl_ms: int, idem: str | None) -> None:
+    @contextmanager
+    def _queueing(self, bulk: str) -> Iterator[redis.Redis]:
+        """The client the items' transaction goes through: the client itself, but on a Redis Cluster
+        with replicas to wait for, one connection of its own to the model's node, where the WAIT
+        that follows must be sent on the connection of the MULTI (the job's record, elsewhere, has
+        a WAIT of its own). A pool's pipelines each take any of its connections: a pool of one."""
+        if not (self.keys.cluster and self.replicas):
+            yield self.client
+            return
+        pool = node_client(self.client, bulk).connection_pool
+        one = type(pool)(connection_class=pool.connection_class, max_connections=1, **pool.connection_kwargs)
+        try:
+            yield redis.Redis(connection_pool=one)
+        finally:
+            one.disconnect()
+
+    def _replicated(self, job: str, ttl_ms: int, idem: str | None, queueing: redis.Redis) -> None:
         """Return once `replicas` replicas hold the job just written, else undo it and refuse (503):
         Redis replicates asynchronously, and a 202 is a promise a failover must not break. WAIT
         counts a connection's own writes, so the wait follows a write of its own (the record's TTL,
-        set again) on one connection: replicated in order, it is acknowledged after the job."""
-        pipe = self.client.pipeline(transaction=False)
+        set again) on one connection to the record's node: replicated in order, it is acknowledged
+        after the job. On a cluster the items and the Idempotency-Key are on the model's node, whose
+        WAIT follows their MULTI on its connection (`queueing`)."""
+        pipe = node_client(self.client, job).pipeline(transaction=False)
         pipe.pexpire(job, ttl_ms)
         pipe.wait(self.replicas, REPLICA_WAIT_MS)
-        _, acknowledged = pipe.execute()
+        try:
+            acknowledged = pipe.execute()[1]
+            if self.keys.cluster:
+                acknowledged = min(acknowledged, queueing.wait(self.replicas, REPLICA_WAIT_MS))
+        except redis.RedisError:
+            acknowledged = 0  # on no replica that we know of: undone, as far as Redis lets
         if acknowledged < self.replicas:
-            self._forget(job)  # its items, already queued, are dropped unrun as a job that never was
-            if idem:
-                self.client.delete(idem)
-            raise Unavailable(f"the job was not on {self.replicas} Redis replica(s) within {REPLICA_WAIT_MS} ms, "
-                              "so it was not accepted; retry", code="not_replicated", retry_after=1)
+            # Its items, already queued, are dropped unrun as a job that never was; a retry with
+            # the Idempotency-Key makes it anew.
+            self._forget(job, *([idem] if idem else []))
+            raise NotReplicated(f"the job was not on {self.replicas} Redis replica(s) within {REPLICA_WAIT_MS} ms, "
+                                "so it was not accepted; retry")
 
     @staticmethod
     def _write_record(pipe: Any, job: str, record: dict, ttl_ms: int) -> Any:
@@ -152,15 +190,16 @@ class JobStore:
         pipe.pexpire(job, ttl_ms)
         return pipe
 
-    def _forget(self, job: str) -> None:
+    def _forget(self, *keys: str) -> None:
         """Delete a record that was not accepted (a cluster's create that queued none of its items,
         or a job no replica confirmed, whose queued items workers then drop unrun as a job that
-        never was): best effort, since it fails where Redis has gone, and such a record only waits
-        for its TTL."""
-        try:
-            self.client.delete(job)
-        except redis.RedisError:
-            pass
+        never was), and its Idempotency-Key: best effort, since it fails where Redis has gone, and
+        such a key only waits for its TTL. One at a time: on a cluster each is in its own slot."""
+        for key in keys:
+            try:
+                self.client.delete(key)
+            except redis.RedisError:
+                pass
 
     def replay(self, model: str, idempotency_key: str, body_sha256: str, caller: Caller) -> jobs.Record | None:
         """The live job this caller's Idempotency-Key made for `model`, else None; Conflict when it

@@ -26,10 +26,9 @@ if TYPE_CHECKING:
 
 
 class _NoSpan:
-    """What every span is when tracing is off: entered and left for nothing. Its __enter__ and
-    __exit__ are a C function that takes any arguments and answers "" (falsy: an exception goes
-    on), not Python methods as contextlib.nullcontext's are, so that a request's spans cost no
-    Python call beyond Spans' own when off (docs/performance.md)."""
+    """What a request's trace is entered as when tracing is off: entered and left for nothing. Its
+    __enter__ and __exit__ are a C function that takes any arguments and answers "" (falsy: an
+    exception goes on), not Python methods as contextlib.nullcontext's are (docs/performance.md)."""
 
     __slots__ = ()
     __enter__ = __exit__ = "".format
@@ -105,39 +104,63 @@ def link_to(traceparent: str, **attributes: Any) -> Link | None:
     return trace.Link(found, _attributes(attributes)) if found.is_valid else None
 
 
+class Trace:
+    """One request's span (or a bulk job's submit's), told as a timeline: each step() ends the step
+    before and starts the next, a child of the request's span; leaving the `with` ends both, the
+    exception recorded on them when one is raised. The pipeline holds None instead when tracing is
+    off, and marks its steps under `if trace:`, so that off they cost a test of a local each."""
+
+    def __init__(self, tracer: Tracer, name: str, traceparent: str, tracestate: str, attributes: dict[str, Any]):
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        self.tracer = tracer
+        self.span = tracer.start_span(name, context=context_of(traceparent, tracestate), kind=SpanKind.SERVER,
+                                      attributes=_attributes(attributes))
+        self.context = trace.set_span_in_context(self.span)
+        self.traceparent = traceparent_of(self.span)  # what the request's jobs carry across Redis
+        self.current: Span | None = None
+
+    def step(self, name: str, **attributes: Any) -> None:
+        """The next step begins (the one before ends); attributes are the request span's."""
+        if attributes:
+            self.annotate(**attributes)
+        if self.current is not None:
+            self.current.end()
+        self.current = self.tracer.start_span(name, context=self.context)
+
+    def annotate(self, **attributes: Any) -> None:
+        """Attributes of the request's span, once they are known."""
+        self.span.set_attributes(_attributes(attributes))
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: Any) -> None:
+        for span in (self.current, self.span):
+            if span is None:
+                continue
+            if error is not None:  # what start_as_current_span would record
+                from opentelemetry.trace import Status, StatusCode
+
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.end()
+
+
 class Spans:
-    """A tier's spans: real ones when tracing is on in this process, else the shared NO_SPAN."""
+    """A tier's spans: real ones when tracing is on in this process, else none."""
 
     def __init__(self, service: str):
         self.tracer = tracer(service)
 
-    def request(self, name: str, traceparent: str = "", tracestate: str = "", **attributes: Any) -> Any:
-        """A request's span, a child of the client's (its traceparent header) or a new trace's root."""
+    def request(self, verb: str, name: str, traceparent: str = "", tracestate: str = "",
+                request_id: str = "") -> Trace | None:
+        """A request's trace (its span named `<verb> <name>`), a child of the client's (its
+        traceparent header) or a new trace's root; None when tracing is off."""
         if self.tracer is None:
-            return NO_SPAN
-        from opentelemetry.trace import SpanKind
-
-        return self.tracer.start_as_current_span(name, context=context_of(traceparent, tracestate),
-                                                 kind=SpanKind.SERVER, attributes=_attributes(attributes))
-
-    def step(self, name: str) -> Any:
-        """A child of the current span (NO_SPAN when tracing is off)."""
-        return NO_SPAN if self.tracer is None else self.tracer.start_as_current_span(name)
-
-    def annotate(self, **attributes: Any) -> None:
-        """Attributes of the current span, once they are known."""
-        if self.tracer is not None:
-            from opentelemetry import trace
-
-            trace.get_current_span().set_attributes(_attributes(attributes))
-
-    def traceparent(self) -> str:
-        """The current span's traceparent, for the jobs it sends ("" when off)."""
-        if self.tracer is None:
-            return ""
-        from opentelemetry import trace
-
-        return traceparent_of(trace.get_current_span())
+            return None
+        return Trace(self.tracer, f"{verb} {name}", traceparent, tracestate, {"request_id": request_id})
 
     def batch(self, name: str, traceparents: list[str], start_ns: int, end_ns: int,
               steps: dict[str, tuple[int, int]], **attributes: Any) -> None:

@@ -22,6 +22,7 @@ class Span:
     attributes: dict
     links: list[tuple[str, str]]  # (trace id, span id) of each linked span
     kind: int = 0
+    status: int = 0  # its status code: 0 unset, 1 ok, 2 error
     link_attributes: list[dict] = field(default_factory=list)  # each link's attributes, in links' order
 
 
@@ -79,7 +80,7 @@ class Receiver:
                     found.append(Span(
                         service=resource.get("service.name", ""), name=s.name, trace_id=s.trace_id.hex(),
                         span_id=s.span_id.hex(), parent_id=s.parent_span_id.hex(), start_ns=s.start_time_unix_nano,
-                        end_ns=s.end_time_unix_nano, kind=s.kind,
+                        end_ns=s.end_time_unix_nano, kind=s.kind, status=s.status.code,
                         attributes={a.key: _value(a.value) for a in s.attributes},
                         links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                         link_attributes=[{a.key: _value(a.value) for a in link.attributes} for link in s.links]))

@@ -34,7 +34,8 @@ JOBS = Counter("funnel_jobs_submitted", "async and bulk jobs created (not replay
                ["model", "owner"])
 KEYED = Counter("funnel_key_requests", "predict and infer requests by model, API key label (FUNNEL_API_KEYS' "
                 "label, or key-<hash> for a bare key; empty where the server has no keys), priority lane served "
-                "(or asked, when refused before it was chosen) and status", ["model", "key", "priority", "status"])
+                "(or asked, when refused before it was chosen; normal for an X-Priority that names no lane, "
+                "refused 400 bad_priority) and status", ["model", "key", "priority", "status"])
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
                     ["model"], buckets=registry.BATCH_BUCKETS)
 

@@ -16,8 +16,10 @@
                  a client that leaves first marks its jobs, and no worker runs them
     7 render     the adapter answers the replies, or the error, in its protocol's shape
 
-With tracing on (common/tracing.py) the request is a span, each step a child
-of it, and its jobs carry the span's context to the worker.
+With tracing on (common/tracing.py) the request is a span, each step from
+parse on a child of it, marked as the request enters the step, and its jobs
+carry the span's context to the worker. Off, `trace` is None and each mark is
+a test of it.
 
 A bulk job (`submit_job`, from protocols/jobs.py's routes) takes steps 1 and
 3, then its own admission (the bulk queue's room) and the job store instead of
@@ -37,7 +39,15 @@ import redis
 from werkzeug.wrappers import Request
 
 from funnel.common import job_submit, jobs, lua_scripts, priority, tracing
-from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, Overloaded, TooManyRequests, Unavailable
+from funnel.common.errors import (
+    REPLY_STATUS,
+    FunnelError,
+    NotFound,
+    NotReplicated,
+    Overloaded,
+    TooManyRequests,
+    Unavailable,
+)
 from funnel.common.job_store import JobStore
 from funnel.common.keys import Keys
 from funnel.common.tasks import Inputs, Task
@@ -127,7 +137,10 @@ class Pipeline:
     def __init__(self, catalog: Catalog, client: redis.Redis, keys: Keys, settings: WebSettings):
         self.catalog, self.client, self.keys, self.settings = catalog, client, keys, settings
         self.inbox = Inbox(client, keys, on_unclaimed=metrics.UNCLAIMED.inc)
-        self.outbox = Outbox(client, lua_scripts.register(client, "push"), cluster=keys.cluster)
+        # With FUNNEL_JOB_REPLICAS, a push that queued its jobs (push.lua's answer {1, ...}) on fewer
+        # replicas is refused (run, below); its round trips then run off the loop, on the outbox's thread.
+        self.outbox = Outbox(client, lua_scripts.register(client, "push"), cluster=keys.cluster,
+                             replicas=settings.job_replicas, wrote=lambda answer: answer[0] > 0)
         self.workers = WorkerView(client, keys)
         self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
@@ -163,20 +176,24 @@ class Pipeline:
         """Steps 1 to 7, whatever protocol parses and renders (the HTTP adapters, the gRPC service),
         in one span when tracing is on. timeout_s is asked once the request is read, so that a bad
         model or body is told before a bad deadline."""
-        with self.spans.request(f"predict {name}", origin.traceparent, origin.tracestate,
-                                request_id=origin.request_id):
+        trace = self.spans.request("predict", name, origin.traceparent, origin.tracestate,
+                                   origin.request_id)  # None when tracing is off
+        with trace or tracing.NO_SPAN:
             task = self.resolve(name, version)
-            self.spans.annotate(model=name, model_version=task.spec.version)
-            with self.spans.step("parse"):
-                work = parser.parse(task, request)
-            with self.spans.step("prepare"):
-                work.prepared = list(self.prepare(task, work.items, work.ready))
+            if trace:
+                trace.step("parse", model=name, model_version=task.spec.version)
+            work = parser.parse(task, request)
+            if trace:
+                trace.step("prepare")
+            work.prepared = list(self.prepare(task, work.items, work.ready))
+            if trace:
+                trace.step("admit", items=len(work.prepared))
             work.priority = self.lane(work.priority or origin.priority, origin, name, task.spec.version)
-            self.spans.annotate(items=len(work.prepared), priority=work.priority)
             replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw, origin,
-                                     work.priority)
-            with self.spans.step("render"):
-                return render(task, work, replies)
+                                     work.priority, trace)
+            if trace:
+                trace.step("render")
+            return render(task, work, replies)
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
                    body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
@@ -192,32 +209,38 @@ class Pipeline:
         whose context every item carries, so the worker's batch spans link to it; the job's later
         life (its items' batches, its webhook) is in those linked traces, not under this span.
         """
-        with self.spans.request(f"job {name}", origin.traceparent, origin.tracestate,
-                                request_id=origin.request_id):
+        trace = self.spans.request("job", name, origin.traceparent, origin.tracestate,
+                                   origin.request_id)  # None when tracing is off
+        with trace or tracing.NO_SPAN:
             task = self.resolve(name)
             version = task.spec.version
-            self.spans.annotate(model=name, model_version=version, items=len(items))
+            if trace:
+                trace.annotate(model=name, model_version=version, items=len(items))
             job_submit.check(idempotency_key, webhook, self.job_limits)
             body_sha = job_submit.fingerprint(body, webhook)
             if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
                 existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
                 if existing is not None:
-                    self.spans.annotate(job_id=existing.id, replayed=True)
+                    if trace:
+                        trace.annotate(job_id=existing.id, replayed=True)
                     return existing, True
             created = now_ms()
             job_id = jobs.new_job_id(created)
-            self.spans.annotate(job_id=job_id)
-            trace = self.spans.traceparent()  # the job span's, before a step's span is current ("" when off)
-            with self.spans.step("prepare"):
-                # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
-                payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version, trace)
-            with self.spans.step("admit"):
-                self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
-            with self.spans.step("store"):
-                record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
-                                                    idempotency_key, version, caller=caller)
+            if trace:
+                trace.step("prepare", job_id=job_id)
+            # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
+            payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version,
+                                               trace.traceparent if trace else "")
+            if trace:
+                trace.step("admit")
+            self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
+            if trace:
+                trace.step("store")
+            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
+                                                idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these
-                self.spans.annotate(job_id=record.id, replayed=True)
+                if trace:
+                    trace.annotate(job_id=record.id, replayed=True)
             else:
                 metrics.job_submitted(name, caller.label)
                 log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
@@ -271,7 +294,8 @@ class Pipeline:
         return lane
 
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
-                  raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL) -> list[Reply]:
+                  raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
+                  trace: tracing.Trace | None = None) -> list[Reply]:
         """One job per input, queued on the model version's queue in the lane, and their replies in
         input order; a failed reply raised.
 
@@ -279,16 +303,16 @@ class Pipeline:
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
         when the predicted wait is past timeout_s; 504 at the deadline. A client that
         leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
+        The request's trace, if traced, marks the steps from enqueue on; its jobs carry its context.
         """
-        with self.spans.step("admit"):
-            capacity = self._capacity(model, version)
+        capacity = self._capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
         ids = [os.urandom(16).hex() for _ in inputs]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         reply_to = self.inbox.key(model)
-        trace = self.spans.traceparent()
+        traceparent = trace.traceparent if trace else ""
         jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw,
-                               version=version, trace=trace, request_id=origin.request_id,
+                               version=version, trace=traceparent, request_id=origin.request_id,
                                priority="" if lane == priority.NORMAL else lane))
                 for job_id, item in zip(ids, inputs)]
         estimate = self.settings.shed and capacity.known
@@ -300,13 +324,19 @@ class Pipeline:
                                    timeout_s, limit, now_ms(), ids[0], deadline, lane, jobs)
         ahead, pushed_ms, sent = -1, 0, False
         try:
-            with self.spans.step("enqueue"):
-                sent = True  # from here on the push may reach Redis, whatever becomes of this request
-                outcome, count, *rest = await self.outbox.push(keys, args)
+            if trace:
+                trace.step("enqueue", priority=lane)
+            sent = True  # from here on the push may reach Redis, whatever becomes of this request
+            outcome, count, *rest = await self.outbox.push(keys, args)
             self._admitted(model, outcome, count, capacity, calibration, timeout_s, len(jobs))
             ahead, pushed_ms = (rest[0] if rest else -1), now_ms()
-            with self.spans.step("wait"):
-                replies = await self.inbox.collect(waiter, ids, deadline)
+            if trace:
+                trace.step("wait")
+            replies = await self.inbox.collect(waiter, ids, deadline)
+        except NotReplicated:  # queued where a failover may lose it, and refused: no worker may run it
+            self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
+            pushed_ms = now_ms()  # its key's token was taken with the push: released below
+            raise
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         except asyncio.CancelledError:

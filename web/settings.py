@@ -42,9 +42,11 @@ class WebSettings(SharedSettings):
     job_ttl_s: int = setting(86400, "seconds an async or bulk job and its results are kept after its last "
                              "progress (submit, or an item answered); then GET answers 410")
     max_job_items: int = setting(100_000, "most texts (or inputs) in one bulk job")
-    job_replicas: int = setting(0, "Redis replicas that must hold a new async or bulk job before its 202 (WAIT, "
-                                "up to a second, else 503 not_replicated); behind Sentinel, 1 keeps a failover "
-                                "from losing an accepted job (docs/redis.md); not on a Redis Cluster")
+    job_replicas: int = setting(0, "Redis replicas that must hold a new job before it is accepted: an async or "
+                                "bulk job's 202 and a predict's push wait for them (WAIT, up to a second, a push's "
+                                "on a thread of its own, never the event loop), else 503 not_replicated and the job "
+                                "undone, never run; behind Sentinel or on a Redis Cluster, 1 keeps a failover from "
+                                "losing an accepted job (docs/redis.md)")
     max_bulk_queue: int = setting(1_000_000, "answer 503 to a job submit that would make a model's bulk "
                                   "queue longer than this")
     access_log: bool = setting(False, "log one line per predict request (quiet by default under load)")

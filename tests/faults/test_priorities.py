@@ -125,9 +125,13 @@ def test_metrics_count_each_keys_requests_by_lane_never_naming_the_key(stack):
     assert "key-basic" not in text
 
 
-def test_a_lane_that_is_no_lane_is_a_400(stack):
-    status, answer, _ = predict(stack, "urgent")
+def test_a_lane_that_is_no_lane_is_a_400_counted_under_its_key_in_normal(stack):
+    """Refused before the pipeline, yet counted per key: in the normal lane, never the client's text."""
+    status, answer, _ = predict(stack, "urgent", key="key-basic")
     assert status == 400 and answer["error"]["code"] == "bad_priority", answer
+    text = http_text(f"{stack.url}/metrics", {"Authorization": "Bearer key-open"})
+    assert metric(text, "funnel_key_requests_total", model=PACED, key="basic", priority="normal", status="400") == 1
+    assert "urgent" not in text
 
 
 def test_v2_and_grpc_take_tritons_priority_parameter(stack):

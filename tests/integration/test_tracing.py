@@ -57,8 +57,12 @@ def test_one_request_is_one_trace_across_web_queue_and_worker(stack, receiver):
     request = by_name[f"predict {TEXT}"]
     assert request.service == "funnel-web" and request.parent_id == PARENT_ID  # the client's span is its parent
     assert request.attributes["funnel.model"] == TEXT and request.attributes["funnel.model_version"] == 1
-    for step in ("parse", "prepare", "enqueue", "wait"):
-        assert by_name[step].parent_id == request.span_id, step
+    assert request.attributes["funnel.items"] == 1 and request.attributes["funnel.priority"] == "normal"
+    steps = [by_name[step] for step in ("parse", "prepare", "admit", "enqueue", "wait", "render")]
+    for step in steps:  # children of the request, one after another
+        assert step.parent_id == request.span_id, step.name
+    assert all(a.end_ns <= b.start_ns for a, b in zip(steps, steps[1:]))
+    assert request.start_ns <= steps[0].start_ns and steps[-1].end_ns <= request.end_ns
     queue = by_name["queue"]
     assert queue.service == "funnel-worker" and queue.parent_id == request.span_id
     # From the job's making until the worker took it (both in whole ms): within the request, and

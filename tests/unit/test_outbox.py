@@ -1,14 +1,19 @@
 """web/queueing/outbox.py against a real Redis: each push gets its own script answer, one round
-trip per turn of the event loop."""
+trip per turn of the event loop, on the loop's own thread; with replicas to wait for, on the
+outbox's thread."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 import redis
 
-from funnel.scripts.redis_local import free_port
+from funnel.common.errors import NotReplicated
+from funnel.common.job_store import REPLICA_WAIT_MS
+from funnel.scripts.redis_local import free_port, wait_until
 from funnel.web.queueing.outbox import Outbox
 
 # Push ARGV[1] onto KEYS[1] and answer the new length and the argument back.
@@ -25,9 +30,11 @@ def test_the_pushes_of_one_loop_turn_share_one_round_trip(redis_client):
     async def pushes():
         return await asyncio.gather(*(outbox.push([f"q{n % 3}"], [f"job-{n}"]) for n in range(60)))
 
+    threads = threading.active_count()
     answers = asyncio.run(pushes())
     assert [a[1] for a in answers] == [f"job-{n}".encode() for n in range(60)]  # each its own answer
     assert rounds == [60]
+    assert outbox._sender is None and threading.active_count() == threads  # no replicas: no thread of its own
     # Lengths per list are 1..20 each: every push ran once, atomically.
     for i in range(3):
         assert sorted(a[0] for n, a in enumerate(answers) if n % 3 == i) == list(range(1, 21))
@@ -53,3 +60,37 @@ def test_a_forgotten_script_a_script_error_and_a_dead_redis_reach_the_caller(red
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
     with pytest.raises(redis.ConnectionError):
         asyncio.run(Outbox(dead, dead.register_script(SCRIPT), cluster=cluster).push(["q"], ["a"]))
+
+
+def test_with_replicas_a_wait_runs_off_the_loop_and_the_pushes_behind_it_go_together(redis_client):
+    """A Redis with no replica: each round trip's WAIT runs out its time and answers 0, so every push
+    that wrote is NotReplicated, and one the script says wrote nothing keeps its answer. Pushes made
+    on later turns while a WAIT holds the sender's round trip go in its next, together."""
+    outbox = Outbox(redis_client, redis_client.register_script(SCRIPT), replicas=1,
+                    wrote=lambda answer: answer[1] != b"refused")
+    redis_client.script_load(SCRIPT)
+    rounds: list[int] = []
+    run = outbox._run
+    outbox._run = lambda batch: rounds.append(len(batch)) or run(batch)  # type: ignore[method-assign]
+
+    def waiting() -> bool:
+        return any(client.get("cmd") == "wait" for client in redis_client.client_list())
+
+    async def pushes() -> tuple[list, float]:
+        started = time.monotonic()
+        first = asyncio.ensure_future(outbox.push(["q"], ["first"]))
+        await asyncio.to_thread(wait_until, waiting, 5, "the first round trip's WAIT")
+        behind = []
+        for job in ("second", "refused", "third"):  # each on a turn of its own
+            behind.append(asyncio.ensure_future(outbox.push(["q"], [job])))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        handed_s = time.monotonic() - started
+        return await asyncio.gather(first, *behind, return_exceptions=True), handed_s
+
+    answers, handed_s = asyncio.run(pushes())
+    assert handed_s < REPLICA_WAIT_MS / 1000  # the loop went on while the WAIT held the first round trip
+    assert rounds == [1, 3]
+    assert [type(a) for a in answers] == [NotReplicated, NotReplicated, list, NotReplicated]
+    assert answers[2] == [3, b"refused"] and answers[0].code == "not_replicated"
+    assert redis_client.lrange("q", 0, -1) == [b"third", b"refused", b"second", b"first"]  # pushed all the same

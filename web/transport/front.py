@@ -26,6 +26,7 @@ from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.wrappers import Request
 
 from funnel.common import logs
+from funnel.common.errors import BadInput
 from funnel.web import metrics
 from funnel.web.pipeline import Adapter, Origin, Pipeline
 from funnel.web.protocols import openai, v1, v2
@@ -87,24 +88,17 @@ class Front:
                 return  # the client left before sending its body: nobody to answer
             environ["wsgi.input"] = io.BytesIO(body)  # multipart forms are parsed from the stream
             request.body = body
-            origin = Origin.of(request_id, environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys,
-                               environ.get("HTTP_TRACEPARENT", ""), environ.get("HTTP_TRACESTATE", ""),
-                               environ.get("HTTP_X_PRIORITY"))
+            try:
+                origin = self._origin(request_id, environ, environ.get("HTTP_X_PRIORITY"))
+            except BadInput:  # a priority that is no lane, from a known key: counted under the key
+                origin = self._origin(request_id, environ, None)  # in normal: a label never holds client text
+                raise
             if adapter is self.openai:  # its model is named in the body, not the path
                 params = {"name": self.openai.model_of(request)}
         except Exception as exc:
             status, data, headers = adapter.render_error(exc, request)
         else:
-            left = _on_leave(scope)
-            try:
-                if left:  # gone while its request was read: nothing to queue
-                    raise asyncio.CancelledError
-                status, data, headers = await self.pipeline.respond(adapter, request, params["name"],
-                                                                   params.get("version"), origin)
-            except asyncio.CancelledError:
-                if not left:
-                    raise  # the server is stopping, not the client leaving
-                status, data, headers = CLIENT_LEFT, b"", []
+            status, data, headers = await self._respond(scope, adapter, request, params, origin)
         self._count(params.get("name", ""), status, started, request, origin, headers)
         if status == CLIENT_LEFT:
             return  # nobody to answer
@@ -115,6 +109,24 @@ class Front:
                     "headers": [(b"content-length", str(len(data)).encode()),
                                 *((k.lower().encode(), v.encode()) for k, v in headers)]})
         await send({"type": "http.response.body", "body": data})
+
+    async def _respond(self, scope: Any, adapter: Adapter, request: PredictRequest, params: dict[str, str],
+                       origin: Origin) -> tuple[int, bytes, list[tuple[str, str]]]:
+        """The pipeline's answer; CLIENT_LEFT if the client leaves first."""
+        left = _on_leave(scope)
+        try:
+            if left:  # gone while its request was read: nothing to queue
+                raise asyncio.CancelledError
+            return await self.pipeline.respond(adapter, request, params["name"], params.get("version"), origin)
+        except asyncio.CancelledError:
+            if not left:
+                raise  # the server is stopping, not the client leaving
+            return CLIENT_LEFT, b"", []
+
+    def _origin(self, request_id: str, environ: dict[str, Any], asked_priority: str | None) -> Origin:
+        """Who sent the request (401 without a key where keys are set; 400 for a priority that is no lane)."""
+        return Origin.of(request_id, environ.get("HTTP_AUTHORIZATION", ""), self.settings.api_keys,
+                         environ.get("HTTP_TRACEPARENT", ""), environ.get("HTTP_TRACESTATE", ""), asked_priority)
 
     def _count(self, name: str, status: int, started: float, request: PredictRequest, origin: Origin | None,
                headers: list[tuple[str, str]]) -> None:
