@@ -338,6 +338,8 @@ class Pipeline:
             pushed_ms = now_ms()  # its key's token was taken with the push: released below
             raise
         except redis.RedisError as exc:
+            if sent:  # the push may have run, its answer lost (never sent again: queueing/line.py)
+                self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         except asyncio.CancelledError:
             if sent:  # maybe queued, and nobody will read the answers: no worker need compute them

@@ -18,17 +18,25 @@ import redis
 
 
 class Line:
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, resend: bool = True):
+        """resend: whether a round trip whose connection fails while its answers are read is sent
+        again (the client's retry): not for commands that must not run twice, which the failed
+        one may already have run (an outbox's pushes); the connection error is raised then."""
         self.pool = client.connection_pool
+        self.resend = resend
         self._local = threading.local()
 
     def exchange(self, commands: list[tuple]) -> list[Any]:
         """Each command's answer, or its own ResponseError; a connection error raised (after the
         client's retry)."""
         connection = self._connection()
+        retry = connection.retry.call_with_retry
         try:
-            return connection.retry.call_with_retry(lambda: _exchange(connection, commands),
-                                                    lambda _error: connection.disconnect())
+            if self.resend:
+                return retry(lambda: _read(_send(connection, commands), len(commands)),
+                             lambda _error: connection.disconnect())
+            return _read(retry(lambda: _send(connection, commands), lambda _error: connection.disconnect()),
+                         len(commands))
         except BaseException:
             connection.disconnect()  # answers may be left unread: the next round trip starts afresh
             raise
@@ -40,13 +48,17 @@ class Line:
         return local.connection
 
 
-def _exchange(connection, commands: list[tuple]) -> list[Any]:
+def _send(connection, commands: list[tuple]):
     # connect() itself, not send's implicit reconnect: through Sentinel only connect() asks where
     # the primary is now; a no-op while connected.
     connection.connect()
     connection.send_packed_command(connection.pack_commands(commands))
+    return connection
+
+
+def _read(connection, count: int) -> list[Any]:
     answers: list[Any] = []
-    for _ in commands:
+    for _ in range(count):
         try:
             answers.append(connection.read_response())
         except redis.ResponseError as error:  # this command's own error (NOSCRIPT among them); read on

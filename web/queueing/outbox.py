@@ -57,7 +57,7 @@ class Outbox:
             self._run = self._run_on_nodes if cluster else self._run_together_and_wait
         else:
             self._run = self._run_each if cluster else self._run_together
-        self.line = None if cluster else Line(client)
+        self.line = None if cluster else Line(client, resend=False)  # a push run twice queues its jobs twice
         self._tick: list[_Push] = []  # this turn's pushes, sent once its ready callbacks have run
         self._sender: _Sender | None = None  # with replicas: the thread that sends, started at the first push
 
