@@ -118,32 +118,51 @@ class JobStore:
         made = False
         with self._queueing(bulk) as queueing:
             try:
-                with queueing.pipeline(transaction=True) as pipe:
-                    while True:
-                        try:
-                            if idem:
-                                pipe.watch(idem)  # a key set since by another submit fails the EXEC
-                                existing = self._replay(pipe, idem, body_sha256, caller)
-                                if existing is not None:
-                                    return existing, True
-                            pipe.multi()
-                            if not apart:
-                                self._write_record(pipe, job, record, ttl_ms)
-                            for start in range(0, len(payloads), PUSH_CHUNK):
-                                pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
-                            if idem:
-                                pipe.set(idem, job_id, px=ttl_ms)
-                            pipe.execute()
-                            made = True
-                            break
-                        except redis.WatchError:
-                            continue  # the key changed between WATCH and EXEC: read it again
+                existing = self._queue_items(queueing, job_id, bulk, record, ttl_ms, payloads, idem, body_sha256,
+                                             caller)
+                if existing is not None:
+                    return existing, True
+                made = True
             finally:
                 if apart and not made:  # replayed, refused or failed: no item of it was queued
                     self._forget(job)
             if self.replicas:
                 self._replicated(job, ttl_ms, idem, queueing)
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+
+    def _queue_items(self, queueing: redis.Redis, job_id: str, bulk: str, record: dict, ttl_ms: int,
+                     payloads: list[bytes], idem: str | None, body_sha256: str, caller: Caller) -> jobs.Record | None:
+        """One transaction: every item queued, the Idempotency-Key set, on one Redis the record
+        written too; None once it ran, or the job a concurrent submit made first with the key.
+
+        Watched: the Idempotency-Key (a key set since by another submit fails the EXEC), and on one
+        Redis the new record, so that a connection lost with the EXEC's answer raises WatchError:
+        redis-py sends a transaction again unless it watches keys, and the items would be queued twice.
+        """
+        job, apart = self.keys.job(job_id), self.keys.cluster
+        watched = [key for key in (idem, None if apart else job) if key]
+        with queueing.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    if watched:
+                        pipe.watch(*watched)
+                    if idem:
+                        existing = self._replay(pipe, idem, body_sha256, caller)
+                        if existing is not None:
+                            return existing
+                    pipe.multi()
+                    if not apart:
+                        self._write_record(pipe, job, record, ttl_ms)
+                    for start in range(0, len(payloads), PUSH_CHUNK):
+                        pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
+                    if idem:
+                        pipe.set(idem, job_id, px=ttl_ms)
+                    pipe.execute()
+                    return None
+                except redis.WatchError:
+                    if not apart and self.client.exists(job):  # it ran; its answer was lost
+                        return None
+                    # the key changed between WATCH and EXEC, or the EXEC did not run: again
 
     @contextmanager
     def _queueing(self, bulk: str) -> Iterator[redis.Redis]:

@@ -24,6 +24,7 @@ from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 from funnel.worker.reply import answer
+from tests.cutting_proxy import CuttingProxy
 
 MODEL = "text-embedding"
 TTL_S = 60
@@ -383,3 +384,26 @@ def test_with_job_replicas_a_job_is_accepted_only_once_a_replica_holds_it(task, 
     primary = redis.Redis(port=sentinels.primary.port)
     assert not primary.exists(keys.job(refused))  # undone: its queued item is dropped as a job that never was
     assert store.replay(MODEL, "refused", "sha2", ANYONE) is None  # a retry with the key makes it anew
+
+
+def test_a_submit_whose_answer_is_lost_queues_its_items_once(task, redis_server, keys):
+    """The EXEC ran and its answer was lost: the client's retry must not queue the items again
+    (redis-py sends a transaction again unless it watches keys)."""
+    proxy = CuttingProxy(redis_server.port)
+    client = connect(f"redis://127.0.0.1:{proxy.port}", socket_timeout=3)
+    direct = redis.Redis(port=redis_server.port)
+    direct.flushall()
+    try:
+        store = JobStore(client, keys, TTL_S)
+        proxy.arm(after=b"EXEC")
+        record, replayed = make(store, task, ["one", "two", "three"])
+        assert proxy.cuts == 1 and not replayed
+        assert direct.llen(keys.bulk(MODEL, 1)) == 3
+        assert direct.hget(keys.job(record.id), "total") == b"3"
+        proxy.arm(after=b"EXEC")  # with an Idempotency-Key too
+        again, replayed = make(store, task, ["four"], key="lost-answer")
+        assert proxy.cuts == 2 and not replayed and direct.llen(keys.bulk(MODEL, 1)) == 4
+        assert make(store, task, ["four"], key="lost-answer") == (again, True)
+    finally:
+        client.close()
+        proxy.close()

@@ -5,8 +5,6 @@ outbox's thread."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import threading
 import time
 
@@ -19,6 +17,7 @@ from funnel.common.job_store import REPLICA_WAIT_MS
 from funnel.scripts.redis_local import free_port, wait_until
 from funnel.web.queueing.line import Line
 from funnel.web.queueing.outbox import Outbox
+from tests.cutting_proxy import CuttingProxy
 
 # Push ARGV[1] onto KEYS[1] and answer the new length and the argument back.
 SCRIPT = "return {redis.call('LPUSH', KEYS[1], ARGV[1]), ARGV[1]}"
@@ -100,43 +99,6 @@ def test_with_replicas_a_wait_runs_off_the_loop_and_the_pushes_behind_it_go_toge
     assert redis_client.lrange("q", 0, -1) == [b"third", b"refused", b"second", b"first"]  # pushed all the same
 
 
-class CuttingProxy:
-    """A TCP proxy to a real Redis that, once armed, closes the client's connection instead of
-    passing on Redis's next answer: a command run, its answer lost, as when Redis dies mid-reply."""
-
-    def __init__(self, redis_port: int):
-        self.redis_port = redis_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.armed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                downstream, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.redis_port))
-            threading.Thread(target=self._pump, args=(downstream, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, downstream, True), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if answers and self.armed.is_set():
-                    self.armed.clear()
-                    break
-                sink.sendall(data)
-        for end in (source, sink):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-            end.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 def test_a_push_whose_answer_is_lost_is_not_sent_again(redis_server):
     """The client retries a connection error once (common/connection.py); a push's round trip is not
     sent again once written, since the failed one may have run: its jobs would be queued twice."""
@@ -147,7 +109,7 @@ def test_a_push_whose_answer_is_lost_is_not_sent_again(redis_server):
     try:
         outbox = Outbox(client, client.register_script(SCRIPT))
         assert asyncio.run(outbox.push(["q"], ["first"]))[0] == 1  # connected, the script loaded
-        proxy.armed.set()
+        proxy.arm()
         with pytest.raises(redis.ConnectionError):
             asyncio.run(outbox.push(["q"], ["second"]))
         assert direct.lrange("q", 0, -1) == [b"second", b"first"]  # it ran, once
@@ -155,7 +117,7 @@ def test_a_push_whose_answer_is_lost_is_not_sent_again(redis_server):
         # What the outbox is kept from: a line that sends again runs a lost answer's command twice.
         line = Line(client)
         assert line.exchange([("PING",)]) == [b"PONG"]  # connected
-        proxy.armed.set()
+        proxy.arm()
         assert line.exchange([("LPUSH", "r", "x")]) == [2]
         assert direct.llen("r") == 2
     finally:
