@@ -62,8 +62,10 @@ class JobQueue:
         self._marked_gone = 0  # the gone set's size at the last take: 0, nothing to look up
         self._take_more = lua_scripts.register(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
-        # same worker id, or from a take cut short by a Redis error.
+        # same worker id, from a take cut short by a Redis error, or from one
+        # whose answer was lost and that the client's retry ran again.
         self._maybe_leftovers = True
+        self._inflight_length = 0  # the in-flight list's length after the last take script
         self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
         self._interactive_at = -math.inf  # when this worker last took an interactive job
         self._held = 0  # messages handed out by take() and not yet forgotten
@@ -85,8 +87,13 @@ class JobQueue:
                 self._maybe_leftovers = False
                 return jobs
         self._maybe_leftovers = True  # until this take completes
-        jobs = self._handed_out(self._take(batch_size, linger, block_s))
-        self._maybe_leftovers = False
+        with self._forgotten:
+            held = self._held
+        raws = self._take(batch_size, linger, block_s)
+        jobs = self._handed_out(raws)
+        # More in flight than held and taken (answers only shorten the list meanwhile): a take ran
+        # whose jobs this worker never saw; the next take collects them once every batch is answered.
+        self._maybe_leftovers = self._inflight_length > held + len(raws)
         return jobs
 
     def forget(self, count: int) -> None:
@@ -123,7 +130,8 @@ class JobQueue:
         """Up to count jobs, each lane kept its places left and held to its cap left; counts, the
         batch's jobs from each lane so far, grows by what this took."""
         args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
-        taken, jobs, self._marked_gone = self._take_more(keys=[self.inflight, self.gone, *self.lanes], args=args)
+        taken, jobs, self._marked_gone, self._inflight_length = self._take_more(
+            keys=[self.inflight, self.gone, *self.lanes], args=args)
         for i, n in enumerate(taken):
             counts[i] += n
         if any(taken[:-1]):

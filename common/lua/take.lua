@@ -14,7 +14,7 @@
 -- ARGV[2..]   for each lane of KEYS[3..] in turn: the places kept for it on the first pass
 -- ARGV[2+L..] for each lane in turn: how many it may take at most (L: the number of lanes)
 -- Returns     {{jobs taken from each lane}, {every job taken, wire bytes, oldest of each lane first},
---             jobs marked gone}
+--             jobs marked gone, the in-flight list's length after the take}
 local lanes = #KEYS - 2
 local want = tonumber(ARGV[1])
 local taken, counts = {}, {}
@@ -44,4 +44,4 @@ for lane = 1, lanes do take(lane, want - #taken) end
 if #taken >= want and redis.call('LLEN', KEYS[4]) == 0 then
   if not redis.call('RPOPLPUSH', KEYS[3], KEYS[4]) then redis.call('RPOPLPUSH', KEYS[5], KEYS[4]) end
 end
-return {counts, taken, redis.call('ZCARD', KEYS[2])}
+return {counts, taken, redis.call('ZCARD', KEYS[2]), redis.call('LLEN', KEYS[1])}

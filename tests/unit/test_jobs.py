@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import redis
 
 from funnel.common import jobs
+from funnel.common.connection import connect
 from funnel.common.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
 from funnel.web.protocols.jobs import wants_async
 from funnel.worker import queue as worker_queue
 from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
 from funnel.worker.reply import answer
+from tests.cutting_proxy import CuttingProxy
 
 
 def test_job_ids_carry_their_creation_time():
@@ -129,3 +132,27 @@ def test_results_of_an_expired_job_are_dropped(redis_client, keys):
     reply = Reply(id=jobs.item_id(job_id, 0), ok=True, outputs={"y": 1})
     answer(redis_client, keys, "w1", "m", [(keys.job_results(job_id), reply)], [], 60)
     assert not redis_client.exists(keys.job_results(job_id), keys.job(job_id))
+
+
+def test_jobs_of_a_take_whose_answer_was_lost_are_taken_next(redis_server, keys):
+    """The take script ran, its answer was lost, the client's retry ran it again: the first run's
+    jobs sit in the in-flight list unseen, and the worker collects them once its batches are answered."""
+    proxy = CuttingProxy(redis_server.port)
+    client = connect(f"redis://127.0.0.1:{proxy.port}", socket_timeout=3)
+    direct = redis.Redis(port=redis_server.port)
+    direct.flushall()
+    try:
+        direct.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(6)])
+        queue = JobQueue(client, keys, "m", "w1")
+        first = queue.take(2, Linger(0), 0.1)
+        assert [decode_job(raw).id for raw in first] == ["i0", "i1"]
+        proxy.arm(after=b"EVALSHA")
+        second = queue.take(2, Linger(0), 0.1)  # i2 and i3 taken by the lost run, i4 and i5 by the retry
+        assert proxy.cuts == 1 and [decode_job(raw).id for raw in second] == ["i4", "i5"]
+        for raw in first + second:  # answered: out of the in-flight list
+            direct.lrem(keys.inflight("m", "w1"), 0, raw)
+        queue.forget(len(first) + len(second))
+        assert sorted(decode_job(raw).id for raw in queue.take(2, Linger(0), 0.1)) == ["i2", "i3"]
+    finally:
+        client.close()
+        proxy.close()

@@ -83,6 +83,7 @@ def test_a_batch_takes_high_first_and_every_lane_its_floor_share(redis_client, k
         for raw in taken:
             lane = "bulk" if keys.job(bulk_job).encode() in raw else decode_job(raw).priority or "normal"
             served[lane] += 1
+        redis_client.delete(keys.inflight(MODEL, "w1"))  # answered, as a reply would
         queue.forget(len(taken))
     # Floors: normal 0.2, low 0.1, bulk 0.25 of the places; high the rest.
     assert served == {"high": 45, "normal": 20, "low": 10, "bulk": 25}, served
