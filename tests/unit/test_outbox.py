@@ -43,9 +43,9 @@ def test_the_pushes_of_one_loop_turn_share_one_round_trip(redis_client):
         assert sorted(a[0] for n, a in enumerate(answers) if n % 3 == i) == list(range(1, 21))
 
 
-@pytest.mark.parametrize("cluster", [False, True], ids=["one-round-trip", "one-call-each"])
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-round-trip", "by-node"])
 def test_a_forgotten_script_a_script_error_and_a_dead_redis_reach_the_caller(redis_client, cluster):
-    """Both transports: the loop's own connection, and a call per push (as on a Redis Cluster)."""
+    """Both transports: the loop's own connection, and a line to each node (as on a Redis Cluster)."""
     outbox = Outbox(redis_client, redis_client.register_script(SCRIPT), cluster=cluster)
     assert asyncio.run(outbox.push(["q"], ["a"]))[0] == 1
     redis_client.script_flush()  # as a restarted Redis would have it

@@ -6,12 +6,13 @@ pushes they made go out in one round trip, each still one atomic script run
 in Redis, so the shedding decision and the queue limit are those of a lone
 push. On a single Redis (or through Sentinel) the round trip is one write and
 one read on the loop's own connection (queueing/line.py); on a Redis Cluster,
-whose nodes each hold some models' queues, each push is its own script call
-through the cluster client, which finds the node of its model's slot.
+whose nodes each hold some models' queues, one such round trip to each node
+that holds a push's model, node after node. A round trip whose connection
+fails once written is never sent again: its pushes may have run.
 
 With replicas to wait for (FUNNEL_JOB_REPLICAS), a round trip ends with a
 WAIT on its own connection (WAIT counts that connection's writes; on a
-cluster, one pipeline per node: the node's pushes, then its WAIT), and a push
+cluster, each node's round trip ends with its own), and a push
 that wrote on fewer replicas than that is answered NotReplicated. A WAIT may
 hold its round trip up to REPLICA_WAIT_MS, so those round trips run on a
 thread of the outbox's own (_Sender), never on the event loop: the pushes
@@ -53,11 +54,14 @@ class Outbox:
         """`replicas`: how many replicas must hold a push's writes; `wrote(answer)`: whether the
         script's answer says it wrote (a push it refused needs no replica)."""
         self.client, self.script, self.replicas, self.wrote = client, script, replicas, wrote
-        if replicas:
-            self._run = self._run_on_nodes if cluster else self._run_together_and_wait
+        if cluster:
+            self._run = self._run_by_node
         else:
-            self._run = self._run_each if cluster else self._run_together
-        self.line = None if cluster else Line(client, resend=False)  # a push run twice queues its jobs twice
+            self._run = self._run_together_and_wait if replicas else self._run_together
+        # Never sent again once written (a push run twice queues its jobs twice): lines, not the
+        # clients' own retries, on one Redis and to each node of a cluster.
+        self.line = None if cluster else Line(client, resend=False)
+        self._node_lines: dict[redis.Redis, Line] = {}
         self._tick: list[_Push] = []  # this turn's pushes, sent once its ready callbacks have run
         self._sender: _Sender | None = None  # with replicas: the thread that sends, started at the first push
 
@@ -119,19 +123,11 @@ class Outbox:
                                                      ("WAIT", self.replicas, REPLICA_WAIT_MS)])
         return self._verdict(answers, acknowledged)
 
-    def _run_each(self, batch: list[_Push]) -> list[Any]:
-        """Redis Cluster: each push to its model's node (redis-py's cluster pipeline refuses EVALSHA)."""
-        results: list[Any] = []
-        for push in batch:
-            try:
-                results.append(self.client.evalsha(self.script.sha, len(push.keys), *push.keys, *push.args))
-            except redis.ResponseError as error:  # this push's own error (NOSCRIPT among them)
-                results.append(error)
-        return results
-
-    def _run_on_nodes(self, batch: list[_Push]) -> list[Any]:
-        """Redis Cluster with replicas: each node's pushes in one pipeline on the node's own client,
-        their WAIT last on the same connection, node after node."""
+    def _run_by_node(self, batch: list[_Push]) -> list[Any]:
+        """Redis Cluster: each node's pushes in one round trip on a line to the node (its WAIT
+        last, with replicas), node after node. A push to a node that no longer holds its slot is
+        answered MOVED and fails (it did not run), as do a dead node's pushes; either way the
+        cluster client learns the slot map again for the next round trip."""
         on: dict[redis.Redis, list[int]] = {}  # a node's client -> its pushes' places in the batch
         try:
             for i, push in enumerate(batch):
@@ -141,27 +137,35 @@ class Outbox:
             raise redis.ConnectionError(str(uncovered)) from None
         results: list[Any] = [None] * len(batch)
         for node, places in on.items():
-            pipe = node.pipeline(transaction=False)
-            for i in places:
-                pipe.execute_command(*self._evalsha(batch[i]))
-            pipe.wait(self.replicas, REPLICA_WAIT_MS)
+            commands = [self._evalsha(batch[i]) for i in places]
+            wait = [("WAIT", self.replicas, REPLICA_WAIT_MS)] if self.replicas else []
             try:
-                *answers, acknowledged = pipe.execute(raise_on_error=False)
+                answers = self._line_to(node).exchange(commands + wait)
             except redis.RedisError as error:  # this node's pushes fail; the other nodes' keep their answers
-                answers, acknowledged = [error] * len(places), error
-            if isinstance(acknowledged, redis.ConnectionError) or any(
+                answers = [error] * (len(commands) + len(wait))
+            if isinstance(answers[-1], redis.ConnectionError) or any(
                     isinstance(a, redis.exceptions.MovedError) for a in answers):
                 self._learn_slots()  # the node is gone, or no longer holds the slot
-            for i, answer in zip(places, self._verdict(answers, acknowledged)):
+            if wait:
+                *answers, acknowledged = answers
+                answers = self._verdict(answers, acknowledged)
+            for i, answer in zip(places, answers):
                 results[i] = answer
         return results
+
+    def _line_to(self, node: redis.Redis) -> Line:
+        if node not in self._node_lines:
+            self._node_lines[node] = Line(node, resend=False)
+        return self._node_lines[node]
 
     def _learn_slots(self) -> None:
         """The cluster client learns its slot map again (its own calls do so as they fail), so that
         the next round trip finds each slot's node of now; best effort: a cluster that does not
         answer is asked again at the next failure."""
+        nodes = getattr(self.client, "nodes_manager", None)  # None: a lone Redis standing in for one node
         try:
-            self.client.nodes_manager.initialize()  # type: ignore[attr-defined]
+            if nodes is not None:
+                nodes.initialize()
         except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             log.warning("outbox: could not learn the cluster's slots again: %s", error)
 
