@@ -236,3 +236,12 @@ class _PrimaryConnection(SentinelManagedConnection):
 
 class _PrimarySSLConnection(_PrimaryConnection, SSLConnection):
     pass
+
+
+def node_client(client: redis.Redis, key: str) -> redis.Redis:
+    """The client of the one Redis that holds `key`: on a Redis Cluster its slot's node's own, else the
+    client itself. A pipeline of it is sent on one connection, as WAIT needs (it counts the writes of
+    its own connection), where each call of a cluster client may take another."""
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client

@@ -40,9 +40,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 
 from funnel.common import jobs, lua_scripts
+from funnel.common.connection import node_client
 from funnel.common.errors import FunnelError, NotFound, NotReplicated, Overloaded
 from funnel.common.jobs import Caller
 from funnel.common.keys import Keys
@@ -52,15 +52,6 @@ PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
 ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them
 RESULTS_CHUNK = 1000  # results per HMGET while streaming: a large job never sits in memory whole
 REPLICA_WAIT_MS = 1000  # how long a new job, bulk or interactive, waits for its replicas (FUNNEL_JOB_REPLICAS)
-
-
-def node_client(client: redis.Redis, key: str) -> redis.Redis:
-    """The client of the one Redis that holds `key`: on a Redis Cluster its slot's node's own, else the
-    client itself. A pipeline of it is sent on one connection, as WAIT needs (it counts the writes of
-    its own connection), where each call of a cluster client may take another."""
-    if isinstance(client, RedisCluster):
-        return client.get_redis_connection(client.get_node_from_key(key))
-    return client
 
 
 class Gone(FunnelError):

@@ -31,8 +31,9 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from funnel.common.connection import node_client
 from funnel.common.errors import NotReplicated
-from funnel.common.job_store import REPLICA_WAIT_MS, node_client
+from funnel.common.job_store import REPLICA_WAIT_MS
 from funnel.web.queueing.line import Line
 
 log = logging.getLogger(__name__)
