@@ -100,7 +100,7 @@ def ways(run_costs: list[float]) -> dict[str, Grouping]:
 
 def timed(jobs: list[Job], task, backend, grouping: Grouping) -> tuple[float, float, int]:
     """(CPU ms, wall ms) for the worker to run the batch with this grouping, and its number of runs."""
-    widths = [len(job.inputs["input_ids"]) for job in jobs]
+    widths = [len(job.items[0]["input_ids"]) for job in jobs]
     groups = grouping(widths)
     task.buckets = lambda items: groups  # the worker asks the task; the grouping is computed outside the clock
     cpu, wall = time.process_time(), time.perf_counter()
@@ -154,9 +154,10 @@ def main() -> None:
              f"postprocess per run); median CPU ms and wall ms per batch over {args.rounds} interleaved rounds "
              f"[min-max], each against one padded run (lower is better).", ""]
     for mix, lengths in mixes(args.batch).items():
-        jobs = [Job(id=str(i), model=spec.name, inputs=task.preprocess(text_of(n)), reply_to="", deadline=0)
+        jobs = [Job(id=str(i), model=spec.name, items=[task.preprocess(text_of(n))], reply_to="",
+                    deadline=0)
                 for i, n in enumerate(lengths)]
-        tokens = sorted(len(job.inputs["input_ids"]) for job in jobs)
+        tokens = sorted(len(job.items[0]["input_ids"]) for job in jobs)
         results = measure(jobs, task, backend, ways(run_costs), args.rounds)
         padded_cpu, padded_wall = (statistics.median(v) for v in next(iter(results.values()))[:2])
         lines += [f"## {mix}", "",

@@ -76,7 +76,7 @@ class JobStore:
         not traced). Encoded one by one, so only the wire bytes of every item are held, not their
         tensors too."""
         results = self.keys.job_results(job_id)
-        return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, inputs=item, reply_to=results,
+        return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, items=[item], reply_to=results,
                                deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version,
                                trace=trace))
                 for i, item in enumerate(inputs)]

@@ -9,6 +9,12 @@ A field added later is optional on decoding, with the value the messages before
 it meant (`raw`: False; `version`: 1, the one version a model had; `trace` and
 `request_id`: none; `priority`: the normal lane), so the protocol version stays 1 and old and new processes
 read each other's messages.
+
+A job carries one request's items. One item travels as `inputs`, as it always
+did; several as `items`, a list of such maps, with their count `n` written
+right after `v`, where the take script reads it without decoding the message
+(`item_count`, common/lua/take.lua). A reply answers its job's items likewise:
+`outputs`, or `items` in the job's order; an error answers the job whole.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import msgpack
 import numpy as np
 
 VERSION = 1
+MAX_JOB_ITEMS = 0xFFFF  # the count is a msgpack fixint, uint8 or uint16: what take.lua reads
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_TENSOR_DIMS = 8
 DTYPES = frozenset({"bool", "uint8", "int8", "int16", "uint16", "int32", "uint32",
@@ -121,7 +128,7 @@ def _field(obj: dict, name: str, kinds: type | tuple, optional: bool = False) ->
 class Job:
     id: str
     model: str
-    inputs: dict[str, np.ndarray]
+    items: list[dict[str, np.ndarray]]  # one request's items, each its named tensors, in the request's order
     reply_to: str
     deadline: int  # epoch ms
     enqueued: int = field(default_factory=now_ms)  # epoch ms
@@ -134,9 +141,14 @@ class Job:
 
 
 def encode_job(job: Job) -> bytes:
+    if not 0 < len(job.items) <= MAX_JOB_ITEMS:
+        raise WireError(f"a job holds 1 to {MAX_JOB_ITEMS} items, not {len(job.items)}")
+    items = [{name: pack_tensor(t) for name, t in item.items()} for item in job.items]
     return _pack({
-        "v": VERSION, "id": job.id, "model": job.model,
-        "inputs": {name: pack_tensor(t) for name, t in job.inputs.items()},
+        "v": VERSION,
+        # One item as jobs always were (any worker reads it); several with their count second, for take.lua.
+        **({"inputs": items[0]} if len(items) == 1 else {"n": len(items), "items": items}),
+        "id": job.id, "model": job.model,
         "reply_to": job.reply_to, "deadline": job.deadline,
         "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
         # Only when set: an untraced job is no bigger than before.
@@ -155,14 +167,43 @@ def _version(obj: dict) -> int:
     return version
 
 
+def _item(inputs: Any) -> dict[str, np.ndarray]:
+    if not isinstance(inputs, dict) or not inputs or not all(isinstance(k, str) for k in inputs):
+        raise WireError("inputs must be a non-empty map of named tensors")
+    return {name: unpack_tensor(t) for name, t in inputs.items()}
+
+
+def _items(obj: dict) -> list[dict[str, np.ndarray]]:
+    """A job's items: its one `inputs`, or its `items`, as many as its `n` says."""
+    if ("inputs" in obj) == ("items" in obj):
+        raise WireError("a job has either inputs or items")
+    if "inputs" in obj:
+        return [_item(_field(obj, "inputs", dict))]
+    items, count = _field(obj, "items", list), _field(obj, "n", int)
+    if not 1 < count <= MAX_JOB_ITEMS or count != len(items):
+        raise WireError(f"a job of {len(items)} items says it has {count}")
+    return [_item(inputs) for inputs in items]
+
+
+def item_count(data: bytes) -> int:
+    """A job message's items, read from its head as common/lua/take.lua reads it (1 when it names no `n`)."""
+    at = 1 if 0x80 <= data[0] <= 0x8F else 3 if data[0] == 0xDE else -1  # fixmap, map 16
+    if at < 0 or data[at:at + 5] != b"\xa1v\x01\xa1n":
+        return 1
+    head = data[at + 5]
+    if head <= 0x7F:
+        return max(1, head)
+    if head == 0xCC:
+        return data[at + 6]
+    if head == 0xCD:
+        return int.from_bytes(data[at + 6:at + 8], "big")
+    return 1
+
+
 def decode_job(data: Any) -> Job:
     obj = _unpack(data)
-    inputs = _field(obj, "inputs", dict)
-    if not inputs or not all(isinstance(k, str) for k in inputs):
-        raise WireError("inputs must be a non-empty map of named tensors")
     return Job(
-        id=_field(obj, "id", str), model=_field(obj, "model", str),
-        inputs={name: unpack_tensor(t) for name, t in inputs.items()},
+        id=_field(obj, "id", str), model=_field(obj, "model", str), items=_items(obj),
         reply_to=_field(obj, "reply_to", str), deadline=_field(obj, "deadline", int),
         enqueued=_field(obj, "enqueued", int), attempt=_field(obj, "attempt", int),
         raw=bool(_field(obj, "raw", bool, optional=True)),  # optional: jobs of version-1 webs lack it
@@ -200,17 +241,27 @@ def peek_job(data: Any) -> dict:
 class Reply:
     id: str
     ok: bool
-    outputs: dict[str, Any] | None = None  # tensors or plain msgpack values
+    outputs: dict[str, Any] | None = None  # tensors or plain msgpack values: a one-item job's
+    items: list[dict[str, Any]] | None = None  # the outputs of each item of a job of several, in its order
     error: dict[str, str] | None = None  # {code, message}
     worker: str = ""
     batch_size: int = 0
     queue_ms: float = 0.0
     infer_ms: float = 0.0
     version: int = 1  # the model version that computed it (or refused it)
+    item: int = -1  # a failure's item, its index in the job (-1: the job's as a whole)
 
     @classmethod
     def failure(cls, job_id: str, code: str, message: str, **meta: Any) -> Reply:
         return cls(id=job_id, ok=False, error={"code": code, "message": message}, **meta)
+
+    def each(self) -> list[Reply]:
+        """One reply per item of the job it answers (a failure answers the job whole: itself)."""
+        if self.items is None:
+            return [self]
+        return [Reply(id=self.id, ok=True, outputs=outputs, worker=self.worker, batch_size=self.batch_size,
+                      queue_ms=self.queue_ms, infer_ms=self.infer_ms, version=self.version)
+                for outputs in self.items]
 
 
 def encode_reply(reply: Reply) -> bytes:
@@ -219,29 +270,54 @@ def encode_reply(reply: Reply) -> bytes:
         "batch_size": reply.batch_size, "queue_ms": float(reply.queue_ms),
         "infer_ms": float(reply.infer_ms), "version": reply.version,
     }
-    if reply.ok:
-        obj["outputs"] = {name: pack_tensor(v) if isinstance(v, np.ndarray) else v
-                          for name, v in (reply.outputs or {}).items()}
+    if reply.ok and reply.items is not None:
+        obj["items"] = [_pack_outputs(outputs) for outputs in reply.items]
+    elif reply.ok:
+        obj["outputs"] = _pack_outputs(reply.outputs or {})
     else:
         error = reply.error or {}
         obj["error"] = {"code": str(error.get("code", "")), "message": str(error.get("message", ""))}
+        if reply.item >= 0:
+            obj["item"] = reply.item
     return _pack(obj)
+
+
+def _pack_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    return {name: pack_tensor(v) if isinstance(v, np.ndarray) else v for name, v in outputs.items()}
+
+
+def _unpack_outputs(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise WireError("outputs must be a map")
+    return {name: unpack_tensor(v) if _is_tensor(v) else v for name, v in raw.items()}
 
 
 def decode_reply(data: Any) -> Reply:
     obj = _unpack(data)
     ok = _field(obj, "ok", bool)
-    outputs = error = None
-    if ok:
-        raw = _field(obj, "outputs", dict)
-        outputs = {name: unpack_tensor(v) if _is_tensor(v) else v for name, v in raw.items()}
+    outputs = items = error = None
+    if ok and "items" in obj:
+        items = [_unpack_outputs(raw) for raw in _field(obj, "items", list)]
+    elif ok:
+        outputs = _unpack_outputs(_field(obj, "outputs", dict))
     else:
         error = _field(obj, "error", dict)
         if not isinstance(error.get("code"), str) or not isinstance(error.get("message"), str):
             raise WireError("error must be a map of code and message strings")
     return Reply(
-        id=_field(obj, "id", str), ok=ok, outputs=outputs, error=error,
+        id=_field(obj, "id", str), ok=ok, outputs=outputs, items=items, error=error,
         worker=_field(obj, "worker", str), batch_size=_field(obj, "batch_size", int),
         queue_ms=_field(obj, "queue_ms", (int, float)), infer_ms=_field(obj, "infer_ms", (int, float)),
         version=_version(obj),  # optional: replies from before model versions lack it
+        item=_item_index(obj),
     )
+
+
+def _item_index(obj: dict) -> int:
+    """A failure's item in its job: optional (-1, the job as a whole, for replies from before jobs of several)."""
+    item = _field(obj, "item", int, optional=True)
+    if item is None:
+        return -1
+    if item < 0:
+        raise WireError(f"a failed item's index must be at least 0, got {item}")
+    return item

@@ -44,7 +44,8 @@ def job_json(raw: bytes) -> dict:
         "attempt": job.attempt,
         "age_s": round((now - job.enqueued) / 1000, 3),
         "deadline_in_s": round((job.deadline - now) / 1000, 3),
-        "inputs": {name: {"dtype": t.dtype.name, "shape": list(t.shape)} for name, t in job.inputs.items()},
+        "items": [{name: {"dtype": t.dtype.name, "shape": list(t.shape)} for name, t in item.items()}
+                  for item in job.items],
     }
 
 

@@ -9,7 +9,8 @@
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
                  the key's highest (common/priority.py)
-    5 enqueue    one push script per request (queueing/outbox.py, one round trip a loop turn)
+    5 enqueue    the items as one job (one per batch when more than a worker's batch), in one
+                 push script per request (queueing/outbox.py, one round trip a loop turn), which
                  refuses a key past its limits (429), a full queue or a predicted wait past the
                  deadline (503), else LPUSHes onto the lane's queue
     6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline;
@@ -61,6 +62,7 @@ from funnel.web.queueing.shedding import (
     NO_WORKER_RETRY_AFTER_S,
     Calibration,
     Capacity,
+    JobSizes,
     WorkerView,
     request_timeout,
     retry_after_s,
@@ -144,6 +146,7 @@ class Pipeline:
         self.workers = WorkerView(client, keys)
         self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
+        self.job_sizes = JobSizes()
         self.jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
         self.key_limits = limits.parse(settings.key_limits)
@@ -296,8 +299,8 @@ class Pipeline:
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
                   raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
                   trace: tracing.Trace | None = None) -> list[Reply]:
-        """One job per input, queued on the model version's queue in the lane, and their replies in
-        input order; a failed reply raised.
+        """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
+        version's queue in the lane, and a reply per input in input order; a failed reply raised.
 
         429 at once when the caller's key is past its limits; 503 at once when no live
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
@@ -307,28 +310,32 @@ class Pipeline:
         """
         capacity = self._capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
-        ids = [os.urandom(16).hex() for _ in inputs]  # uuid4's randomness, a third of its CPU
+        size = capacity.batch_size if capacity.workers else len(inputs)  # a job a worker runs in one go
+        parts = [inputs[start:start + size] for start in range(0, len(inputs), size)]
+        ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         reply_to = self.inbox.key(model)
         traceparent = trace.traceparent if trace else ""
-        jobs = [encode_job(Job(id=job_id, model=model, inputs=item, reply_to=reply_to, deadline=deadline, raw=raw,
+        jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=reply_to, deadline=deadline, raw=raw,
                                version=version, trace=traceparent, request_id=origin.request_id,
                                priority="" if lane == priority.NORMAL else lane))
-                for job_id, item in zip(ids, inputs)]
+                for job_id, part in zip(ids, parts)]
         estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
         limit = limits.of(self.key_limits, origin.label) if origin.owner else None
         owner = origin.owner if limit else push_script.UNLIMITED
         keys = push_script.keys_of(self.keys, model, version, owner, capacity.workers if estimate else ())
         args = push_script.args_of(self.settings.max_queue, capacity.script_args(calibration) if estimate else None,
-                                   timeout_s, limit, now_ms(), ids[0], deadline, lane, jobs)
+                                   timeout_s, limit, now_ms(), ids[0], deadline, lane, jobs, len(inputs),
+                                   self.job_sizes.of(model))
+        self.job_sizes.observe(model, len(inputs), len(jobs))
         ahead, pushed_ms, sent = -1, 0, False
         try:
             if trace:
                 trace.step("enqueue", priority=lane)
             sent = True  # from here on the push may reach Redis, whatever becomes of this request
             outcome, count, *rest = await self.outbox.push(keys, args)
-            self._admitted(model, outcome, count, capacity, calibration, timeout_s, len(jobs))
+            self._admitted(model, outcome, count, capacity, calibration, timeout_s, len(inputs))
             ahead, pushed_ms = (rest[0] if rest else -1), now_ms()
             if trace:
                 trace.step("wait")
@@ -350,12 +357,10 @@ class Pipeline:
             if pushed_ms and limit is not None and limit.concurrency:  # its token leaves the key's requests
                 self._unawaited_push(self.releasing, [self.keys.running(model, owner)], [ids[0]])
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
-                self.calibration.observe(model, capacity.wait_s(ahead, len(jobs)), (now_ms() - pushed_ms) / 1000)
-        metrics.replied(model, replies)
-        for i, reply in enumerate(replies):
-            if not reply.ok:
-                raise reply_error(reply, i, len(replies))
-        return replies
+                self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
+        answered = each_item(parts, replies, len(inputs))
+        metrics.replied(model, answered)
+        return answered
 
     def _unawaited_push(self, outbox: Outbox, keys: list[str], args: list) -> None:
         """A script's call sent with the loop's next round trip, its answer not awaited; a failure is
@@ -412,10 +417,26 @@ def _seconds(ms: int) -> int:
     return max(1, -(-int(ms) // 1000))
 
 
+def each_item(parts: list[list[Inputs]], replies: list[Reply], count: int) -> list[Reply]:
+    """A reply per item of the request, in its order, from its jobs' replies (parts: each job's
+    items); a failed reply raised, naming its item in the request."""
+    answered: list[Reply] = []
+    for part, reply in zip(parts, replies, strict=True):
+        if not reply.ok:
+            raise reply_error(reply, len(answered) + reply.item if reply.item >= 0 else -1, count)
+        items = reply.each()
+        if len(items) != len(part):  # never hand one item's result to another
+            raise FunnelError(f"a worker answered {len(items)} items of a job of {len(part)}",
+                              code="inference_failed", status=500)
+        answered += items
+    return answered
+
+
 def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
-    """A worker's error reply as the client's error: its code, and which item when there are several."""
+    """A worker's error reply as the client's error: its code, and which item (index, -1 for the
+    job's as a whole) when the request had several."""
     error = reply.error or {}
     code, message = error.get("code", "inference_failed"), error.get("message", "")
-    if count > 1:
+    if count > 1 and index >= 0:
         message = f"item {index}: {message}"
     return FunnelError(message, code=code, status=REPLY_STATUS.get(code, 500))

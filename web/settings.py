@@ -17,7 +17,7 @@ class WebSettings(SharedSettings):
     port: int = setting(8000, "port to bind")
     models: list[str] = setting([], "models to serve, comma-separated (default: all in the store)")
     request_timeout_s: float = setting(30.0, "deadline of one request, queueing included")
-    max_queue: int = setting(0, "answer 503 when a model's queue is this long (0: no limit)")
+    max_queue: int = setting(0, "answer 503 when a model's queue holds this many items (0: no limit)")
     shed: bool = setting(True, "answer 503 at once, with Retry-After, when a request's predicted wait "
                          "(queue, in-flight jobs, the workers' recent batch timings) is past its deadline")
     hold_without_workers: bool = setting(False, "queue requests for a model with no live worker until their "

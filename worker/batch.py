@@ -4,11 +4,12 @@ The steps are apart so that the worker can overlap them (worker/main.py):
 `prepare` on the taker's thread, `run` on the thread that owns the
 accelerator, `finish` on the replier's, each on a different batch.
 
-Failures stay with their own item: a job that does not decode, or is not for
-this worker's model and version, goes to the dead-letter list, a job with bad
-inputs gets its own error reply, and if a run fails as a whole (or its feeds
-could not be collated), each of its items is run alone so that only the
-culprit fails.
+A job holds one request's items (common/wire.py); the batch runs the items of
+all its jobs, in runs of at most the batch size. Failures stay with their own
+job: a job that does not decode, or is not for this worker's model and version,
+goes to the dead-letter list, a job with a bad item gets its own error reply,
+and if a run fails as a whole (or its feeds could not be collated), each of its
+items is run alone so that only the culprit's job fails, naming the item.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from funnel.common.errors import FunnelError
 from funnel.common.keys import Keys
-from funnel.common.tasks import Task
+from funnel.common.tasks import Inputs, Task
 from funnel.common.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
 from funnel.worker.backend import Backend
 
@@ -32,11 +33,10 @@ Outputs = dict[str, np.ndarray]
 
 @dataclass
 class Run:
-    """One model call: which of the batch's runnable jobs it holds, its feeds, and what came back."""
+    """One model call: which of the batch's items it holds, its feeds, and what came back."""
 
-    items: list[int]
+    items: list[int]  # indexes into Batch.items
     feeds: dict[str, np.ndarray] | None  # None: collating failed, so each item runs alone
-    rows: list[Outputs | Exception] = field(default_factory=list)  # one per item, once run
 
 
 @dataclass
@@ -44,7 +44,9 @@ class Batch:
     taken: list[bytes] = field(default_factory=list)  # every message taken: forgotten once answered
     taken_ids: list[str] = field(default_factory=list)  # each one's job id ("" if it has none)
     jobs: list[Job] = field(default_factory=list)  # decoded, for this model and version, not expired
-    runnable: list[Job] = field(default_factory=list)  # those that passed the task's check
+    runnable: list[Job] = field(default_factory=list)  # those whose items all passed the task's check
+    items: list[Inputs] = field(default_factory=list)  # the runnable jobs' items, in order: what runs
+    rows: list[Outputs | Exception] = field(default_factory=list)  # each item's row once run (or its fault)
     runs: list[Run] = field(default_factory=list)
     replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
     dead: list[bytes] = field(default_factory=list)
@@ -94,33 +96,41 @@ def decode(raws: list[bytes], model: str, keys: Keys, worker_id: str, version: i
     return batch
 
 
-def prepare(raws: list[bytes], task: Task, model: str, keys: Keys, worker_id: str, version: int = 1) -> Batch:
-    """Decode the taken messages and collate their jobs."""
+def prepare(raws: list[bytes], task: Task, model: str, keys: Keys, worker_id: str, version: int = 1,
+            batch_size: int = 0) -> Batch:
+    """Decode the taken messages and collate their jobs' items."""
     batch = decode(raws, model, keys, worker_id, version)
-    collate(batch, task, worker_id, version)
+    collate(batch, task, worker_id, version, batch_size)
     return batch
 
 
-def collate(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
-    """Check each job, and collate the runnable ones into runs (one per bucket of the task's)."""
+def collate(batch: Batch, task: Task, worker_id: str, version: int = 1, batch_size: int = 0) -> None:
+    """Check each job's items, and collate the runnable ones into runs: one per bucket of the
+    task's, in parts of at most batch_size items (0: no limit), as a job may hold more."""
     for job in batch.jobs:
-        try:
-            task.check(job.inputs)
+        for i, item in enumerate(job.items):
+            try:
+                task.check(item)
+            except FunnelError as exc:
+                batch.replies.append((job.reply_to, Reply.failure(
+                    job.id, exc.code, exc.message, worker=worker_id, version=version, item=i)))
+                break
+        else:
             batch.runnable.append(job)
-        except FunnelError as exc:
-            batch.replies.append((job.reply_to, Reply.failure(
-                job.id, exc.code, exc.message, worker=worker_id, version=version)))
-    if not batch.runnable:
+            batch.items += job.items
+    if not batch.items:
         return
     clock = time.perf_counter()
-    inputs = [job.inputs for job in batch.runnable]
-    for group in task.buckets(inputs):
-        try:
-            feeds: dict[str, np.ndarray] | None = task.collate([inputs[i] for i in group])
-        except Exception:
-            log.exception("collating %d items failed; running them one by one", len(group))
-            feeds = None
-        batch.runs.append(Run(group, feeds))
+    step = batch_size or len(batch.items)
+    for bucket in task.buckets(batch.items):
+        for start in range(0, len(bucket), step):
+            group = bucket[start:start + step]
+            try:
+                feeds: dict[str, np.ndarray] | None = task.collate([batch.items[i] for i in group])
+            except Exception:
+                log.exception("collating %d items failed; running them one by one", len(group))
+                feeds = None
+            batch.runs.append(Run(group, feeds))
     batch.collate_ms = (time.perf_counter() - clock) * 1000
 
 
@@ -131,9 +141,9 @@ def split(outputs: Outputs, n: int) -> list[Outputs]:
     return [{name: value[i] for name, value in outputs.items()} for i in range(n)]
 
 
-def _alone(job: Job, task: Task, backend: Backend) -> Outputs | Exception:
+def _alone(item: Inputs, task: Task, backend: Backend) -> Outputs | Exception:
     try:
-        return split(backend.run(task.collate([job.inputs])), 1)[0]
+        return split(backend.run(task.collate([item])), 1)[0]
     except Exception as exc:  # this item alone is at fault
         return exc
 
@@ -141,30 +151,42 @@ def _alone(job: Job, task: Task, backend: Backend) -> Outputs | Exception:
 def run(batch: Batch, task: Task, backend: Backend) -> None:
     """Run the model once per run of the batch, keeping each item's row (or the exception that was its fault)."""
     clock = time.perf_counter()
+    rows: list[Outputs | Exception] = [RuntimeError("not run")] * len(batch.items)
     for run_ in batch.runs:
         try:
             if run_.feeds is None:
                 raise RuntimeError("its feeds could not be collated")
-            run_.rows = list(split(backend.run(run_.feeds), len(run_.items)))
+            done: list[Outputs | Exception] = list(split(backend.run(run_.feeds), len(run_.items)))
         except Exception:
             log.exception("a run of %d items failed; running them one by one", len(run_.items))
-            run_.rows = [_alone(batch.runnable[i], task, backend) for i in run_.items]
+            done = [_alone(batch.items[i], task, backend) for i in run_.items]
+        for i, row in zip(run_.items, done):
+            rows[i] = row
         run_.feeds = None  # the inputs are not needed past the run
+    batch.rows = rows
     batch.run_ms = (time.perf_counter() - clock) * 1000
 
 
 def finish(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
-    """Turn every run row into its job's reply, appended to batch.replies; each names the version that computed it."""
-    for run_ in batch.runs:
-        for i, row in zip(run_.items, run_.rows):
-            job = batch.runnable[i]
-            reply = Reply(id=job.id, ok=True, worker=worker_id, batch_size=len(batch.runnable),
-                          queue_ms=max(0, batch.started - job.enqueued), infer_ms=batch.infer_ms, version=version)
-            try:
+    """Turn the rows of each runnable job's items into its reply, appended to batch.replies; each
+    names the version that computed it. An item that failed fails its job, named by its index."""
+    start = 0
+    for job in batch.runnable:
+        rows, start = batch.rows[start:start + len(job.items)], start + len(job.items)
+        reply = Reply(id=job.id, ok=True, worker=worker_id, batch_size=len(batch.items),
+                      queue_ms=max(0, batch.started - job.enqueued), infer_ms=batch.infer_ms, version=version)
+        results = []
+        try:
+            for row in rows:
                 if isinstance(row, Exception):
                     raise row
                 # A raw job (the /v2 protocol's tensors) wants the model's own rows.
-                reply.outputs = row if job.raw else task.postprocess(row)
-            except Exception as exc:
-                reply.ok, reply.error = False, {"code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"}
-            batch.replies.append((job.reply_to, reply))
+                results.append(row if job.raw else task.postprocess(row))
+        except Exception as exc:
+            reply.ok, reply.item = False, len(results)
+            reply.error = {"code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"}
+        if reply.ok and len(results) == 1:
+            reply.outputs = results[0]
+        elif reply.ok:
+            reply.items = results
+        batch.replies.append((job.reply_to, reply))

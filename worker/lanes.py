@@ -12,6 +12,10 @@ in ten. A lane's credit grows by its share of each batch, up to one batch's
 share (rounded up to whole places, so credit saved while a lane is empty
 never lets it jump a whole batch ahead), and spends what the lane takes. Places a lane
 does not use are the others' again, in order (common/lua/take.lua).
+
+Places count items, and a job holds a request's items: a lane whose last job
+overran its places goes into debt, down to one batch, and is kept no places
+until its share has paid it back, so lanes of large jobs keep their shares.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ class Shares:
         """floors: each lane's share of a batch, in the order served (the first lane's is unused)."""
         self.floors = floors
         self.credit = [0.0] * len(floors)
+        self.batch_size = 1
 
     def reserve(self, batch_size: int) -> list[int]:
         """The places kept for each lane in this batch."""
+        self.batch_size = batch_size
         places = []
         for i, floor in enumerate(self.floors):
             owed = floor * batch_size
             self.credit[i] = min(self.credit[i] + owed, math.ceil(owed)) if floor > 0 else 0.0
-            places.append(min(batch_size, math.floor(self.credit[i] + 1e-9)))
+            places.append(max(0, min(batch_size, math.floor(self.credit[i] + 1e-9))))
         return places
 
     def spend(self, taken: list[int]) -> None:
-        """What each lane took in the batch just filled."""
+        """What each lane took in the batch just filled (items)."""
         for i, count in enumerate(taken):
-            self.credit[i] = max(0.0, self.credit[i] - count)
+            self.credit[i] = max(-self.batch_size, self.credit[i] - count)

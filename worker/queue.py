@@ -41,7 +41,7 @@ from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
 from funnel.common.priority import LANES
-from funnel.common.wire import peek_job
+from funnel.common.wire import item_count, peek_job
 from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
 from funnel.worker.linger import Linger
 
@@ -72,7 +72,7 @@ class JobQueue:
         self._forgotten = threading.Condition()
 
     def take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
-        """Block up to block_s for the oldest job, then fill the batch.
+        """Block up to block_s for the oldest job, then fill the batch up to batch_size items.
 
         Takes whatever is already queued at once, and waits for more only
         within the linger budget.
@@ -127,8 +127,8 @@ class JobQueue:
         return kept
 
     def _fill(self, count: int, places: list[int], caps: list[int], counts: list[int]) -> list[bytes]:
-        """Up to count jobs, each lane kept its places left and held to its cap left; counts, the
-        batch's jobs from each lane so far, grows by what this took."""
+        """Jobs of up to count items, each lane kept its places left and held to its cap left; counts,
+        the batch's items from each lane so far, grows by what this took."""
         args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
         taken, jobs, self._marked_gone, self._inflight_length = self._take_more(
             keys=[self.inflight, self.gone, *self.lanes], args=args)
@@ -150,13 +150,14 @@ class JobQueue:
             if first is None:
                 return []
             jobs = [first]  # type: ignore[list-item]  # bytes: the client does not decode
-            counts[1] += 1
+            counts[1] += item_count(first)  # type: ignore[arg-type]
             self._interactive_at = time.monotonic()
         started = time.monotonic()
-        while len(jobs) < batch_size:
-            jobs += self._fill(batch_size - len(jobs), places, caps, counts)
-            remaining = linger.budget_s(len(jobs), batch_size) - (time.monotonic() - started)
-            if len(jobs) >= batch_size or remaining <= 0:
+        while sum(counts) < batch_size:
+            jobs += self._fill(batch_size - sum(counts), places, caps, counts)
+            items = sum(counts)
+            remaining = linger.budget_s(items, batch_size) - (time.monotonic() - started)
+            if items >= batch_size or remaining <= 0:
                 break
             # Poll rather than block: Redis checks blocking timeouts only about
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.

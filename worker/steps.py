@@ -83,12 +83,13 @@ class Steps:
         wait_s = self.queue.last_wait_s
         self.hold("take")
         began = time.time_ns()
-        batch = batching.prepare(raws, self.task, self.model, self.keys, self.settings.worker_id, self.version)
+        batch = batching.prepare(raws, self.task, self.model, self.keys, self.settings.worker_id, self.version,
+                                 self.batch_size)
         batch.steps["collate"] = (began, time.time_ns())
         batch.wait_s = wait_s
         self.hold("collate")
         self.prepare_s = 0.8 * self.prepare_s + 0.2 * (time.monotonic() - started - wait_s)
-        self.handed = len(batch.runnable)
+        self.handed = len(batch.items)
         return batch
 
     def run(self, batch: batching.Batch) -> None:
@@ -106,9 +107,10 @@ class Steps:
             self.queue.forget(len(batch.taken))
         batch.steps["reply"] = (began, time.time_ns())
         self._tell(batch)
-        self.linger.observe((len(batch.jobs), batch.infer_ms / 1000), [j.enqueued for j in batch.jobs])
-        if batch.runnable:
-            self.run_cost.add(len(batch.runnable), batch.run_ms / 1000)
+        self.linger.observe((len(batch.items), batch.infer_ms / 1000),
+                            [job.enqueued for job in batch.jobs for _ in job.items])
+        if batch.items:
+            self.run_cost.add(len(batch.items), batch.run_ms / 1000)
             self.run_fit = self.run_cost.fit()
         self._record(batch)
 
@@ -127,7 +129,7 @@ class Steps:
                             extra={"request_id": requests.get(reply.id, "")})
         if log.isEnabledFor(logging.DEBUG):
             for job in batch.runnable:
-                log.debug("job %s answered in a batch of %d", job.id, len(batch.runnable),
+                log.debug("job %s answered in a batch of %d items", job.id, len(batch.items),
                           extra={"request_id": job.request_id})
         if self.spans.tracer is None:
             return
@@ -137,15 +139,15 @@ class Steps:
                               worker=self.settings.worker_id)
         first, last = batch.steps["collate"][0], batch.steps["reply"][1]
         self.spans.batch(f"batch {self.model}", [job.trace for job in batch.jobs], first, last, batch.steps,
-                         model=self.model, model_version=self.version, batch_size=len(batch.runnable),
+                         model=self.model, model_version=self.version, batch_size=len(batch.items),
                          worker=self.settings.worker_id, device=self.device)
 
     def _record(self, batch: batching.Batch) -> None:
-        self.stats.batch(len(batch.jobs), batch.errors, batch.infer_ms / 1000, batch.wait_s)
+        self.stats.batch(len(batch.items), batch.errors, batch.infer_ms / 1000, batch.wait_s)
         self.stats.add(expired=batch.expired, dead=len(batch.dead))
         if self.settings.log_batches:
             batch_log.info("batch model=%s size=%d errors=%d expired=%d dead=%d wait_ms=%.1f infer_ms=%.1f",
-                           self.model, len(batch.jobs), batch.errors, batch.expired, len(batch.dead),
+                           self.model, len(batch.items), batch.errors, batch.expired, len(batch.dead),
                            batch.wait_s * 1000, batch.infer_ms)
 
 

@@ -8,6 +8,9 @@
 -- (common/priority.py): the queue's limit and the predicted wait turn a low request away first.
 -- With no job waiting in any lane, the jobs go to the normal queue whatever their lane: they are
 -- at the front of the line anyway, and that is the queue an idle worker blocks on.
+-- The limit and the wait count items: a job holds a request's items (common/wire.py), and the jobs
+-- ahead count as many items each as the web's estimate of a job's items (ARGV[19]), since a list's
+-- length is all Redis knows of them without reading every message.
 --
 -- KEYS[1]     the version's high lane, funnel:queue-high:{<model>}:<version>
 -- KEYS[2]     its normal lane, funnel:queue:{<model>}:<version>
@@ -18,7 +21,7 @@
 --             read only when ARGV[10] is 1
 -- KEYS[6..]   the in-flight lists of the model's live workers, funnel:inflight:{<model>}:<worker>
 --             (counted as jobs ahead, only with an estimate)
--- ARGV[1]     the queue's length limit (0: no limit)
+-- ARGV[1]     the queue's limit, items (0: no limit)
 -- ARGV[2]     1 to estimate the wait, else 0 (ARGV[3..9] are then unread)
 -- ARGV[3]     the budget, seconds: the request's time left
 -- ARGV[4]     the model's workers together, jobs per second (Capacity.rate)
@@ -35,14 +38,17 @@
 -- ARGV[15]    this request's token (its first job's id)
 -- ARGV[16]    this request's deadline, epoch ms
 -- ARGV[17]    the request's lane: 1 high, 2 normal, 3 low (its queue is KEYS[ARGV[17]])
--- ARGV[18..]  the jobs to LPUSH, wire bytes
--- Returns     {1, the new length of the queue it went to, jobs ahead (-1: not estimated)} when pushed;
---             {0, jobs queued in its lane and above} when they are at the queue's limit;
---             {-1, jobs ahead} when the predicted wait is past the budget;
+-- ARGV[18]    the request's items
+-- ARGV[19]    the items of a job queued or in flight, on average (the web's estimate)
+-- ARGV[20..]  the jobs to LPUSH, wire bytes
+-- Returns     {1, the new length of the queue it went to, items ahead (-1: not estimated)} when pushed;
+--             {0, items queued in its lane and above} when they are at the queue's limit;
+--             {-1, items ahead} when the predicted wait is past the budget;
 --             {-2, ms until the key has a token} past the key's rate;
 --             {-3, ms until its earliest request under way is past its deadline} at the key's cap.
-local FIRST_JOB = 18
+local FIRST_JOB = 20
 local lane = tonumber(ARGV[17])
+local n, per_job = tonumber(ARGV[18]), tonumber(ARGV[19])
 local limited = ARGV[10] == '1'
 local tokens, now
 if limited then
@@ -68,13 +74,14 @@ for i = 1, 3 do
   waiting = waiting + length
   if i <= lane then queued = queued + length end
 end
+queued = math.ceil(queued * per_job)  -- items, estimated
 if limit > 0 and queued >= limit then return {0, queued} end
 local ahead = -1
 if ARGV[2] == '1' then
-  ahead = queued
-  for i = 6, #KEYS do ahead = ahead + redis.call('LLEN', KEYS[i]) end
+  local held = 0
+  for i = 6, #KEYS do held = held + redis.call('LLEN', KEYS[i]) end
+  ahead = queued + math.ceil(held * per_job)
   local rate, item_s, batch_s, size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local n = #ARGV - FIRST_JOB + 1
   local k = math.min(size, ahead + n)
   local wait = math.max((ahead + n) / rate, item_s * k + batch_s) * tonumber(ARGV[8]) + tonumber(ARGV[9])
   if wait > tonumber(ARGV[3]) then return {-1, ahead} end

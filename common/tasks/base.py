@@ -58,7 +58,7 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def preprocess(self, item: Any) -> Inputs:
-        """One request item (bytes of an image, a text, a JSON value) -> the named arrays of its job.
+        """One request item (bytes of an image, a text, a JSON value) -> its named arrays (an item of the job).
 
         Raise funnel.common.errors.BadInput (400) with a clear message for an
         item this model cannot take.
@@ -80,7 +80,7 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def check(self, inputs: Inputs) -> None:
-        """Raise BadInput for a job whose arrays this model cannot run (a job pushed by hand)."""
+        """Raise BadInput for an item whose arrays this model cannot run (a job pushed by hand)."""
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
         """Split a batch into runs of item indexes, each a model call of its own (default: one run of all).

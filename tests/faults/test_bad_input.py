@@ -85,7 +85,7 @@ def test_bad_input_is_refused_clearly(stack, case, cat_jpeg, outcome):
 
 @pytest.mark.parametrize("garbage", [
     b"\x00\x01 not msgpack at all",
-    wire.encode_job(wire.Job(id="v2job", model=TEXT, inputs={"input_ids": np.array([101, 102], np.int32)},
+    wire.encode_job(wire.Job(id="v2job", model=TEXT, items=[{"input_ids": np.array([101, 102], np.int32)}],
                              reply_to=f"funnel:reply:{{{TEXT}}}:v2job", deadline=wire.now_ms() + 60_000)
                     ).replace(b"\xa1v\x01", b"\xa1v\x02"),  # protocol version 2
     json.dumps({"v": 1, "id": "x"}).encode(),

@@ -37,13 +37,13 @@ def paced_store(tmp_path_factory):
 def text_job(spec, text, keys, deadline_s=30.0, **inputs) -> Job:
     job_id = uuid.uuid4().hex
     inputs = inputs or tasks.load(spec).preprocess(text)
-    return Job(id=job_id, model=MODEL, inputs=inputs, reply_to=keys.reply(MODEL, job_id),
+    return Job(id=job_id, model=MODEL, items=[inputs], reply_to=keys.reply(MODEL, job_id),
                deadline=wire.now_ms() + int(deadline_s * 1000))
 
 
 def vector_job(keys, vector) -> Job:
     job_id = uuid.uuid4().hex
-    return Job(id=job_id, model=PACED, inputs={"vector": np.asarray(vector, np.float32)},
+    return Job(id=job_id, model=PACED, items=[{"vector": np.asarray(vector, np.float32)}],
                reply_to=keys.reply(PACED, job_id), deadline=wire.now_ms() + 30_000)
 
 
@@ -213,3 +213,50 @@ def test_leftover_inflight_jobs_are_answered_on_restart(redis_client, redis_serv
     with running_worker(redis_server, model_store, batch_size=4, linger_ms=0):
         assert await_reply(redis_client, job).ok
     assert redis_client.llen(keys.inflight(MODEL, "test-worker")) == 0
+
+
+def several_job(spec, texts, keys, **bad) -> Job:
+    """One job of several texts (a request's items, as the web sends them); bad: an item replaced, by index."""
+    task = tasks.load(spec)
+    items = [bad.get(f"item{i}") or task.preprocess(text) for i, text in enumerate(texts)]
+    job_id = uuid.uuid4().hex
+    return Job(id=job_id, model=MODEL, items=items, reply_to=keys.reply(MODEL, job_id),
+               deadline=wire.now_ms() + 30_000)
+
+
+def test_jobs_of_several_items_run_together_and_each_item_gets_its_own_answer(redis_client, redis_server,
+                                                                             model_store, spec, keys):
+    """Jobs of 5, 7 and 1 items and a job of 20, larger than the batch of 8 (run in parts): every
+    item's answer equals the text's answered alone, in its job's order."""
+    texts = [f"sentence number {i} of many" for i in range(33)]
+    sizes, jobs, at = (5, 7, 1, 20), [], 0
+    for size in sizes:
+        jobs.append(several_job(spec, texts[at:at + size], keys))
+        at += size
+    with running_worker(redis_server, model_store, batch_size=8, linger_ms=50):
+        alone = {text: await_one(redis_client, keys, spec, text) for text in texts}
+        push(redis_client, keys, jobs)
+        replies = [await_reply(redis_client, job) for job in jobs]
+    at = 0
+    for size, reply in zip(sizes, replies):
+        assert reply.ok
+        items = reply.each()
+        assert len(items) == size and (reply.items is None) == (size == 1)
+        for text, item in zip(texts[at:at + size], items):
+            np.testing.assert_allclose(item.outputs["embedding"], alone[text], atol=1e-5)
+        at += size
+    # 5 + 7 overrun the batch of 8 by less than a job; 1 + 20 is the next batch, in parts of 8 at most.
+    assert [r.batch_size for r in replies] == [12, 12, 21, 21]
+    assert redis_client.llen(keys.inflight(MODEL, "test-worker")) == 0
+
+
+def test_a_bad_item_fails_its_job_naming_the_item_and_no_other_job(redis_client, redis_server, model_store,
+                                                                   spec, keys):
+    good = several_job(spec, ["good one", "good two"], keys)
+    bad = several_job(spec, ["fine", "fine too", "not fine"], keys,
+                      item2={"input_ids": np.array([101, 999_999, 102], np.int32)})
+    push(redis_client, keys, [good, bad])
+    with running_worker(redis_server, model_store, batch_size=8, linger_ms=50):
+        bad_reply, good_reply = await_reply(redis_client, bad), await_reply(redis_client, good)
+    assert not bad_reply.ok and bad_reply.error["code"] == "bad_input" and bad_reply.item == 2
+    assert good_reply.ok and len(good_reply.each()) == 2 and good_reply.batch_size == 2

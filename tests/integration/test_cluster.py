@@ -291,7 +291,7 @@ def test_a_bulk_item_past_its_attempts_is_answered_into_its_job_on_a_cluster(cli
 
     keys = Keys(cluster=True)
     job_id = make_job(client, keys, 2)
-    held = [wire.Job(id=f"{job_id}-{i}", model="m", inputs={"x": np.zeros(1, np.int32)},
+    held = [wire.Job(id=f"{job_id}-{i}", model="m", items=[{"x": np.zeros(1, np.int32)}],
                      reply_to=keys.job_results(job_id), deadline=wire.now_ms() + 60_000, attempt=attempt)
             for i, attempt in ((0, 2), (1, 0))]
     client.hset(keys.workers(), "dead-bulk", "m")

@@ -84,7 +84,7 @@ def test_a_job_is_created_whole(store, task, redis_client, keys):
     queued = [decode_job(raw) for raw in redis_client.lrange(keys.bulk(MODEL), 0, -1)[::-1]]  # oldest first
     assert [j.id for j in queued] == [jobs.item_id(record.id, i) for i in range(3)]
     assert all(j.reply_to == keys.job_results(record.id) and j.model == MODEL for j in queued)
-    assert queued[1].inputs["input_ids"].tolist() == task.preprocess(texts[1])["input_ids"].tolist()
+    assert queued[1].items[0]["input_ids"].tolist() == task.preprocess(texts[1])["input_ids"].tolist()
     assert 0 < redis_client.pttl(keys.job(record.id)) <= TTL_S * 1000
 
 

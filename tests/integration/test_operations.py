@@ -124,7 +124,7 @@ def test_inspect_and_redis_cli_show_the_live_state(idle, cat_jpeg):
     shown = json.loads(subprocess.run(
         [funnel, "inspect", *env_url, "show", f"funnel:queue:{{{IMAGE}}}:1"],
         capture_output=True, text=True, check=True).stdout)
-    assert shown["model"] == IMAGE and shown["inputs"] == {"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}}
+    assert shown["model"] == IMAGE and shown["items"] == [{"pixels": {"dtype": "uint8", "shape": [224, 224, 3]}}]
     assert shown["deadline_in_s"] < 0 and shown["attempt"] == 0
 
     def cli(*args):

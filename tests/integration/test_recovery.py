@@ -11,7 +11,7 @@ MODEL = "text-embedding"
 
 
 def job(i: int, attempt: int = 0, version: int = 1, reply_to: str = "") -> Job:
-    return Job(id=f"job{i}", model=MODEL, inputs={"input_ids": np.array([101, 102], np.int32)},
+    return Job(id=f"job{i}", model=MODEL, items=[{"input_ids": np.array([101, 102], np.int32)}],
                reply_to=reply_to or f"funnel:reply:{{{MODEL}}}:job{i}", deadline=wire.now_ms() + 60_000,
                attempt=attempt, version=version)
 

@@ -52,7 +52,7 @@ def running_worker(redis_server, store, model: str, worker_id: str, **flags):
 
 def text_job(task, keys, text: str, version: int) -> Job:
     job_id = uuid.uuid4().hex
-    return Job(id=job_id, model=MODEL, inputs=task.preprocess(text), reply_to=keys.reply(MODEL, job_id),
+    return Job(id=job_id, model=MODEL, items=[task.preprocess(text)], reply_to=keys.reply(MODEL, job_id),
                deadline=wire.now_ms() + 60_000, version=version)
 
 

@@ -62,12 +62,12 @@ class FixedWait(Linger):
 
 
 def item(keys, job_id: str, index: int, model="m") -> bytes:
-    return encode_job(Job(id=jobs.item_id(job_id, index), model=model, inputs={"x": np.zeros(1, np.int32)},
+    return encode_job(Job(id=jobs.item_id(job_id, index), model=model, items=[{"x": np.zeros(1, np.int32)}],
                           reply_to=keys.job_results(job_id), deadline=now_ms() + 60_000))
 
 
 def interactive(keys, n: int, model="m") -> bytes:
-    return encode_job(Job(id=f"i{n}", model=model, inputs={"x": np.zeros(1, np.int32)},
+    return encode_job(Job(id=f"i{n}", model=model, items=[{"x": np.zeros(1, np.int32)}],
                           reply_to=keys.reply("m", f"i{n}"), deadline=now_ms() + 60_000))
 
 

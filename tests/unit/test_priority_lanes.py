@@ -22,7 +22,7 @@ MODEL = "m"
 
 
 def job(lane: str, n: int) -> bytes:
-    return encode_job(Job(id=f"{lane}-{n}", model=MODEL, inputs={"x": np.zeros(1, np.int32)}, reply_to="r",
+    return encode_job(Job(id=f"{lane}-{n}", model=MODEL, items=[{"x": np.zeros(1, np.int32)}], reply_to="r",
                           deadline=now_ms() + 60_000, priority="" if lane == priority.NORMAL else lane))
 
 
@@ -126,3 +126,51 @@ def test_while_an_older_worker_serves_a_version_its_requests_are_served_as_norma
     assert capacity([new], MODEL).lanes and capacity([], MODEL).lanes
     assert not capacity([new, old], MODEL).lanes
     assert capacity([new, {**old, "version": "2"}], MODEL).lanes  # another version's workers do not count
+
+
+def several(lane: str, n: int, count: int) -> bytes:
+    return encode_job(Job(id=f"{lane}-{n}", model=MODEL, items=[{"x": np.full(1, i, np.int32)} for i in range(count)],
+                          reply_to="r", deadline=now_ms() + 60_000, priority="" if lane == priority.NORMAL else lane))
+
+
+@pytest.mark.parametrize("count", [2, 127, 128, 300])  # msgpack's fixint, uint8 and uint16 counts
+def test_a_take_counts_items_as_the_message_says(redis_client, keys, count):
+    redis_client.lpush(keys.queue(MODEL), several("normal", 0, count), job("normal", 1))
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    taken = queue.take(count + 1, Linger(0), 0.1)  # room for both: the job's items and the one behind it
+    assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-1"]
+
+
+def test_a_lane_takes_jobs_while_it_has_room_so_a_batch_overruns_by_less_than_a_job(redis_client, keys):
+    normal = keys.queue(MODEL)
+    redis_client.lpush(normal, job("normal", 0), several("normal", 1, 8), several("normal", 2, 3),
+                       several("normal", 3, 10), job("normal", 4))
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+
+    def take(size: int) -> list[str]:
+        taken = queue.take(size, Linger(0), 0.1)
+        redis_client.delete(keys.inflight(MODEL, "w1"))
+        queue.forget(len(taken))
+        return [decode_job(raw).id for raw in taken]
+
+    assert take(10) == ["normal-0", "normal-1", "normal-2"]  # 12 items: room was left for the third
+    assert take(10) == ["normal-3"]  # exactly full
+    assert take(10) == ["normal-4"]
+    assert redis_client.llen(normal) == 0
+
+
+def test_floor_shares_count_items_and_a_big_job_in_high_does_not_starve_the_lanes_below(redis_client, keys):
+    for n in range(40):
+        redis_client.lpush(keys.queue(MODEL, 1, "high"), several("high", n, 10))
+        redis_client.lpush(keys.queue(MODEL, 1, "normal"), several("normal", n, 10))
+        redis_client.lpush(keys.queue(MODEL, 1, "low"), job("low", n))
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    items = {"high": 0, "normal": 0, "low": 0}
+    for _ in range(20):
+        taken = queue.take(10, Linger(0), 0.1)
+        for raw in taken:
+            decoded = decode_job(raw)
+            items[decoded.priority or "normal"] += len(decoded.items)
+        redis_client.delete(keys.inflight(MODEL, "w1"))
+        queue.forget(len(taken))
+    assert items["high"] >= 80 and items["normal"] >= 20 and items["low"] >= 10, items

@@ -14,7 +14,7 @@ MODEL = "m"
 def taken(redis_client, keys, worker: str, n: int) -> tuple[list[bytes], list[str], list[tuple[str, Reply]]]:
     """n jobs as a worker holds them (in its in-flight list), and their replies."""
     inbox = keys.reply(MODEL, "web-1")
-    jobs = [Job(id=f"job-{i}", model=MODEL, inputs={"x": np.zeros(1, np.float32)}, reply_to=inbox,
+    jobs = [Job(id=f"job-{i}", model=MODEL, items=[{"x": np.zeros(1, np.float32)}], reply_to=inbox,
                 deadline=2**40) for i in range(n)]
     raws = [encode_job(job) for job in jobs]
     redis_client.lpush(keys.inflight(MODEL, worker), *raws)

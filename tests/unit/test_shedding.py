@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 import numpy as np
 import pytest
 
 from funnel.common import lua_scripts, registry
 from funnel.common.errors import BadInput, Overloaded, Unavailable
+from funnel.common.wire import item_count
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.queueing import push_script, shedding
@@ -199,3 +201,35 @@ def test_calibration_follows_late_answers_and_relaxes_back():
     cap = capacity([worker("a")], MODEL)
     queueing = cap.wait_s(100, 1) - shedding.OVERHEAD_S
     assert cap.wait_s(100, 1, 2.0) - shedding.OVERHEAD_S == pytest.approx(2 * queueing)
+
+
+def queued_jobs(client, keys) -> list[int]:
+    return [item_count(raw) for raw in client.lrange(keys.queue(MODEL), 0, -1)][::-1]
+
+
+def test_a_request_is_one_job_or_one_per_batch_of_its_workers(redis_client, keys):
+    with pipeline(redis_client, keys, hold_without_workers=True, shed=False) as held, pytest.raises(Exception):
+        asyncio.run(held.run(MODEL, 1, pixels(40), 0.2))  # no worker: one job, whatever its size
+    assert queued_jobs(redis_client, keys) == [40]
+    redis_client.delete(keys.queue(MODEL))
+    publish(redis_client, keys, "w1", item_s=None)  # a batch of 16, not timed yet
+    with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Exception) as timed_out:
+        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+    assert timed_out.value.status == 504 and queued_jobs(redis_client, keys) == [16, 16, 8]
+
+
+def test_jobs_ahead_count_as_this_process_s_mean_items_a_job(redis_client, keys):
+    publish(redis_client, keys, "w1", item_s=0.01, batch_s=0.02)  # about 89 items/s, batches of 16
+    with pipeline(redis_client, keys) as gateway:
+        cap = gateway.workers.capacity(MODEL)
+        redis_client.lpush(keys.queue(MODEL), *[b"x"] * 20)  # 20 jobs: 20 items, or 320 of 16 each
+        with pytest.raises(Exception) as timed_out:
+            asyncio.run(gateway.run(MODEL, 1, pixels(16), 1.5))
+        assert timed_out.value.status == 504  # let in: 36 items ahead and its own, about 0.4 s
+        for _ in range(100):
+            gateway.job_sizes.observe(MODEL, 16, 1)
+        assert gateway.job_sizes.of(MODEL) == pytest.approx(16, rel=0.01)
+        with pytest.raises(Overloaded) as caught:
+            asyncio.run(gateway.run(MODEL, 1, pixels(16), 1.5))
+        ahead = math.ceil(21 * gateway.job_sizes.of(MODEL))  # the 20 and the request let in before
+        assert f"{cap.wait_s(ahead, 16, gateway.calibration.factor(MODEL)):.1f} s" in caught.value.message

@@ -177,7 +177,7 @@ def test_on_a_cluster_a_cancels_lost_mark_is_mended_by_the_worker_dropping_its_i
     assert job_store.cancel(job_id, jobs.Caller.anyone()).state == "cancelled"
     assert redis_client.zscore(keys.webhooks_due(), job_id) is not None
     redis_client.zrem(keys.webhooks_due(), job_id)  # the web process died between the cancel and its mark
-    items = [encode_job(Job(id=jobs.item_id(job_id, i), model="m", inputs={"x": np.zeros(1, np.int32)},
+    items = [encode_job(Job(id=jobs.item_id(job_id, i), model="m", items=[{"x": np.zeros(1, np.int32)}],
                             reply_to=cluster.job_results(job_id), deadline=now_ms() + 60_000)) for i in range(3)]
     kept, dropped = jobs.drop_stopped(redis_client, cluster, items)
     assert (kept, dropped) == ([], 3)

@@ -10,7 +10,7 @@ from funnel.common.wire import Job, Reply, WireError
 
 
 def make_job(**inputs) -> Job:
-    return Job(id="abc123", model="text-embedding", inputs=inputs or {"x": np.arange(3, dtype=np.int32)},
+    return Job(id="abc123", model="text-embedding", items=[inputs or {"x": np.arange(3, dtype=np.int32)}],
                reply_to="funnel:reply:{m}:abc123", deadline=wire.now_ms() + 1000)
 
 
@@ -19,17 +19,17 @@ def test_job_round_trip_keeps_every_dtype(dtype):
     array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
     job = make_job(t=array, scalar=np.array(5, dtype=dtype))
     back = wire.decode_job(wire.encode_job(job))
-    assert back.inputs["t"].dtype == np.dtype(dtype)
-    assert back.inputs["t"].shape == (2, 3, 4)
-    np.testing.assert_array_equal(back.inputs["t"], array)
-    assert back.inputs["scalar"].shape == ()
+    assert back.items[0]["t"].dtype == np.dtype(dtype)
+    assert back.items[0]["t"].shape == (2, 3, 4)
+    np.testing.assert_array_equal(back.items[0]["t"], array)
+    assert back.items[0]["scalar"].shape == ()
     assert (back.id, back.model, back.reply_to, back.deadline, back.attempt) == (
         job.id, job.model, job.reply_to, job.deadline, 0)
 
 
 def test_decoded_tensor_is_a_view_of_the_message_bytes():
     back = wire.decode_job(wire.encode_job(make_job(t=np.ones((64, 64), np.float32))))
-    assert not back.inputs["t"].flags.owndata  # frombuffer, no copy
+    assert not back.items[0]["t"].flags.owndata  # frombuffer, no copy
 
 
 @pytest.mark.parametrize("dtype", sorted(wire.DTYPES))
@@ -51,7 +51,7 @@ def test_error_reply_round_trip():
 def test_byte_order_is_normalised():
     big = np.arange(4, dtype=">i4")
     back = wire.decode_job(wire.encode_job(make_job(t=big)))
-    np.testing.assert_array_equal(back.inputs["t"], big)
+    np.testing.assert_array_equal(back.items[0]["t"], big)
 
 
 def valid_job_map() -> dict:
@@ -114,12 +114,27 @@ def test_any_bytes_decode_to_a_job_or_a_wire_error(data):
 @given(hnp.arrays(dtype=st.sampled_from(sorted(wire.DTYPES)),
                   shape=hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)))
 def test_any_array_round_trips_exactly(array):
-    back = wire.decode_job(wire.encode_job(make_job(t=array))).inputs["t"]
+    back = wire.decode_job(wire.encode_job(make_job(t=array))).items[0]["t"]
     assert back.dtype == array.dtype and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
 
 
 VALID_JOB = wire.encode_job(make_job(t=np.arange(6, dtype=np.float32).reshape(2, 3)))
+SEVERAL = wire.encode_job(Job(id="j", model="m", items=[{"t": np.arange(3, dtype=np.int32)}] * 3, reply_to="r",
+                              deadline=1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(SEVERAL) - 1), st.integers(0, 255)), max_size=4))
+def test_corrupted_jobs_of_several_items_decode_or_fail_cleanly(flips):
+    data = bytearray(SEVERAL)
+    for index, value in flips:
+        data[index] = value
+    try:
+        job = wire.decode_job(bytes(data))
+    except WireError:
+        return
+    assert len(job.items) == wire.item_count(bytes(data)) == 3  # a count that lies is refused
 
 
 @settings(max_examples=500, deadline=None)
@@ -135,7 +150,8 @@ def test_corrupted_valid_jobs_decode_or_fail_cleanly(flips, cut):
         job = wire.decode_job(bytes(data))
     except WireError:
         return
-    assert isinstance(job, Job) and all(isinstance(t, np.ndarray) for t in job.inputs.values())
+    assert isinstance(job, Job) and all(isinstance(t, np.ndarray) for item in job.items for t in item.values())
+    assert 0 < len(job.items) == wire.item_count(bytes(data)) or len(job.items) == 1
 
 
 def test_a_jobs_model_version_round_trips():
@@ -197,3 +213,48 @@ def test_a_mistyped_trace_or_request_id_is_a_wire_error(name):
     job[name] = 42
     with pytest.raises(WireError, match="wrong type"):
         wire.decode_job(msgpack.packb(job, use_bin_type=True))
+
+
+@pytest.mark.parametrize("count", [1, 2, 64, 127, 128, 255, 256, 1000, wire.MAX_JOB_ITEMS])
+def test_a_job_of_several_items_round_trips_with_its_count_where_the_take_reads_it(count):
+    items = [{"t": np.full(2, i, np.int32)} for i in range(count)]
+    data = wire.encode_job(Job(id="j", model="m", items=items, reply_to="r", deadline=1))
+    assert wire.item_count(data) == count
+    back = wire.decode_job(data)
+    assert [int(item["t"][0]) for item in back.items] == list(range(count))
+    if count == 1:  # as jobs always were: any worker reads it
+        assert "inputs" in msgpack.unpackb(data, raw=False) and "n" not in msgpack.unpackb(data, raw=False)
+
+
+@pytest.mark.parametrize("count", [0, wire.MAX_JOB_ITEMS + 1])
+def test_a_job_holds_one_to_max_items(count):
+    with pytest.raises(WireError, match="holds 1 to"):
+        wire.encode_job(Job(id="j", model="m", items=[{"t": np.zeros(1, np.int32)}] * count, reply_to="r",
+                            deadline=1))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda m: m.update(n=2), "says it has 2"),
+    (lambda m: m.update(n=1, items=m["items"][:1]), "says it has 1"),
+    (lambda m: m.update(inputs=m["items"][0]), "either inputs or items"),
+    (lambda m: m.pop("n"), "missing field 'n'"),
+    (lambda m: m["items"].__setitem__(1, [1]), "non-empty map"),
+])
+def test_a_job_of_several_items_whose_count_or_items_lie_is_refused(mutate, message):
+    obj = msgpack.unpackb(SEVERAL, raw=False)
+    mutate(obj)
+    with pytest.raises(WireError, match=message):
+        wire.decode_job(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_a_reply_of_several_items_round_trips_and_splits_into_one_per_item():
+    reply = Reply(id="j", ok=True, items=[{"t": np.arange(2, dtype=np.float32)}, {"label": "cat"}], worker="w",
+                  batch_size=7, version=2)
+    back = wire.decode_reply(wire.encode_reply(reply))
+    each = back.each()
+    assert [r.id for r in each] == ["j", "j"] and all(r.batch_size == 7 and r.version == 2 for r in each)
+    np.testing.assert_array_equal(each[0].outputs["t"], [0, 1])
+    assert each[1].outputs == {"label": "cat"}
+    failed = wire.decode_reply(wire.encode_reply(Reply.failure("j", "bad_input", "no", item=3)))
+    assert failed.item == 3 and failed.each() == [failed]
+    assert wire.decode_reply(wire.encode_reply(Reply.failure("j", "bad_input", "no"))).item == -1

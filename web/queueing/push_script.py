@@ -19,9 +19,12 @@ def keys_of(keys: Keys, model: str, version: int, owner: str, inflight: Iterable
 
 
 def args_of(max_queue: int, estimate: Sequence[float | str] | None, budget_s: float, limit: Limit | None,
-            now_ms: int, token: str, deadline_ms: int, lane: str, jobs: list[bytes]) -> list:
+            now_ms: int, token: str, deadline_ms: int, lane: str, jobs: list[bytes], items: int | None = None,
+            per_job: float = 1.0) -> list:
     """ARGV: the queue's limit, the estimate (None: none; else Capacity.script_args), the budget, the
-    caller's limit (None: unlimited), now, the request's token and deadline, its lane, then the jobs."""
+    caller's limit (None: unlimited), now, the request's token and deadline, its lane, its items
+    (None: one a job), the items of a job ahead on average, then the jobs."""
     shed = [1, budget_s, *estimate] if estimate is not None else [0, budget_s, 0, 0, 0, 0, 0, 0]
     limited = [1, *limit.script_args()] if limit is not None else [0, 0, 0, 0]
-    return [max_queue, *shed, *limited, now_ms, token, deadline_ms, priority.LANES.index(lane) + 1, *jobs]
+    return [max_queue, *shed, *limited, now_ms, token, deadline_ms, priority.LANES.index(lane) + 1,
+            len(jobs) if items is None else items, repr(per_job), *jobs]

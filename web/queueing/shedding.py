@@ -13,14 +13,18 @@ hands is predicted to be answered after
     wait = max((ahead + n) / rate, a·k + b) · SAFETY + OVERHEAD_S,   k = min(B, ahead + n)
 
 (the backlog drained at full batches, but never less than one batch holding
-it). The workers' timings lag a sudden slowdown (a busier machine, a throttled
-GPU) by a heartbeat or two, while the answers show it at once: each process
-keeps a Calibration per model, how much later than predicted its answers came
-lately, and scales SAFETY by it. The push script (web/pipeline.py) reads the queue and in-flight
-lengths, computes the same wait and pushes only if it fits the request's
-remaining deadline, in the one round trip a request already made. A request
-turned away is told to come back once the work ahead of it is done:
-Retry-After = ceil(wait). A model with no live worker answers 503 at once,
+it). A job holds a request's items, so Redis knows the jobs ahead, not their
+items: each process keeps its mean items per job per model (JobSizes) and the
+push script counts each job ahead as that many.
+
+The workers' timings lag a sudden slowdown (a busier machine, a throttled GPU)
+by a heartbeat or two, while the answers show it at once: each process keeps
+a Calibration per model, how much later than predicted its answers came
+lately, and scales SAFETY by it. The push script (web/pipeline.py) reads the
+queue and in-flight lengths, computes the same wait and pushes only if it fits
+the request's remaining deadline, in the one round trip a request already
+made. A request turned away is told to come back once the work ahead of it is
+done: Retry-After = ceil(wait). A model with no live worker answers 503 at once,
 unless FUNNEL_HOLD_WITHOUT_WORKERS holds its requests (scale from zero).
 """
 
@@ -49,6 +53,7 @@ CALIBRATE_MIN_S = 0.25
 CALIBRATE_WEIGHT = 0.25
 CALIBRATE_HALF_LIFE_S = 10.0
 MAX_CALIBRATION = 4.0
+JOB_SIZE_WEIGHT = 0.05  # how far each request moves the mean items of a job
 NO_WORKER_RETRY_AFTER_S = 5  # a worker starting loads its model in a few seconds
 # A model this process saw served this recently is not refused for want of a worker: a Redis
 # restart empties the registry until each worker's next heartbeat (FUNNEL_HEARTBEAT_TTL_S / 3).
@@ -102,8 +107,9 @@ def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Cap
     mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
     costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
     lanes = all(registry.takes_lanes(w) for w in mine)
-    if not costs:
-        return Capacity(tuple(w["id"] for w in mine), lanes=lanes)
+    if not costs:  # the batch size alone, for splitting requests into jobs (web/pipeline.py)
+        sizes = [int(w["batch_size"]) for w in mine if w.get("batch_size", "").isdigit() and int(w["batch_size"]) > 0]
+        return Capacity(tuple(w["id"] for w in mine), batch_size=max(sizes, default=1), lanes=lanes)
     # A worker not timed yet (just started) is assumed as fast as the mean of the others.
     rates = [size / (item_s * size + batch_s) for item_s, batch_s, size in costs]
     mean = len(costs)
@@ -134,6 +140,23 @@ class Calibration:
         current = self.factor(model)
         ratio = min(MAX_CALIBRATION, max(1.0, actual_s / predicted_s))
         self._last[model] = (current + CALIBRATE_WEIGHT * (ratio - current), self.clock())
+
+
+class JobSizes:
+    """Per model, the items of this process's jobs on average lately: what a job ahead counts as.
+
+    Thread-safe enough, as Calibration: each update is one assignment.
+    """
+
+    def __init__(self) -> None:
+        self._mean: dict[str, float] = {}
+
+    def of(self, model: str) -> float:
+        return self._mean.get(model, 1.0)
+
+    def observe(self, model: str, items: int, jobs: int) -> None:
+        mean = self.of(model)
+        self._mean[model] = mean + JOB_SIZE_WEIGHT * (items / jobs - mean)
 
 
 def retry_after_s(wait_s: float) -> int:
