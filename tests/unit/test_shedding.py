@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from funnel.common import lua_scripts, registry
-from funnel.common.errors import BadInput, Overloaded, Unavailable
+from funnel.common.errors import BadInput, Overloaded, Timeout, Unavailable
 from funnel.common.wire import item_count
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
@@ -208,7 +208,7 @@ def queued_jobs(client, keys) -> list[int]:
 
 
 def test_a_request_is_one_job_or_one_per_batch_of_its_workers(redis_client, keys):
-    with pipeline(redis_client, keys, hold_without_workers=True, shed=False) as held, pytest.raises(Exception):
+    with pipeline(redis_client, keys, hold_without_workers=True, shed=False) as held, pytest.raises(Timeout):
         asyncio.run(held.run(MODEL, 1, pixels(40), 0.2))  # no worker: one job, whatever its size
     assert queued_jobs(redis_client, keys) == [40]
     redis_client.delete(keys.queue(MODEL))
