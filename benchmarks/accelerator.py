@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -102,16 +101,17 @@ def paced_stack(model_store: Path, workers: int, pace: dict[str, str], worker_pa
 
 
 def in_run(workers: list[subprocess.Popen], ledger: Path) -> list[float]:
-    """Each paced worker's totals (seconds in run, runs, items), summed: asked for with SIGUSR1."""
+    """Each paced worker's totals (seconds in run, runs, items), summed: asked for with a file
+    (benchmarks/paced_worker.py)."""
     totals = [0.0, 0.0, 0.0]
     for worker in workers:
         path = ledger / str(worker.pid)
         path.unlink(missing_ok=True)
-        worker.send_signal(signal.SIGUSR1)
+        (ledger / f"{worker.pid}.ask").touch()
         deadline = time.monotonic() + 10
         while not path.exists():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {worker.pid} wrote no ledger")
+                raise RuntimeError(f"worker {worker.pid} (exit status {worker.poll()}) wrote no ledger")
             time.sleep(0.001)
         totals = [t + float(v) for t, v in zip(totals, path.read_text().split())]
     return totals

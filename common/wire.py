@@ -62,22 +62,24 @@ def pack_tensor(array: np.ndarray) -> dict:
     return {"dtype": name, "shape": list(array.shape), "data": np.ascontiguousarray(array).tobytes()}
 
 
+_DTYPE = {name: np.dtype(name) for name in DTYPES}  # parsed once: a job may hold many tensors
+
+
 def unpack_tensor(obj: Any) -> np.ndarray:
-    if not isinstance(obj, dict) or set(obj) != _TENSOR_KEYS:
+    if type(obj) is not dict or len(obj) != 3 or obj.keys() != _TENSOR_KEYS:
         raise WireError("a tensor is a map of exactly dtype, shape and data")
     dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
-    if dtype not in DTYPES:
+    numpy_dtype = _DTYPE.get(dtype) if type(dtype) is str else None
+    if numpy_dtype is None:
         raise WireError(f"unknown dtype {dtype!r}")
-    if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+    if type(shape) is not list or len(shape) > MAX_TENSOR_DIMS or any(type(d) is not int or d < 0 for d in shape):
         raise WireError(f"bad tensor shape {shape!r}")
-    if not isinstance(data, bytes):
+    if type(data) is not bytes:
         raise WireError("tensor data must be bytes")
-    itemsize = np.dtype(dtype).itemsize
-    if math.prod(shape) * itemsize != len(data):
+    if math.prod(shape) * numpy_dtype.itemsize != len(data):
         raise WireError(f"tensor of shape {shape} and dtype {dtype} needs "
-                        f"{math.prod(shape) * itemsize} bytes, got {len(data)}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+                        f"{math.prod(shape) * numpy_dtype.itemsize} bytes, got {len(data)}")
+    return np.frombuffer(data, dtype=numpy_dtype).reshape(shape)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -146,14 +148,16 @@ def encode_job(job: Job) -> bytes:
     items = [{name: pack_tensor(t) for name, t in item.items()} for item in job.items]
     return _pack({
         "v": VERSION,
-        # One item as jobs always were (any worker reads it); several with their count second, for take.lua.
-        **({"inputs": items[0]} if len(items) == 1 else {"n": len(items), "items": items}),
+        **({"n": len(items)} if len(items) > 1 else {}),  # second, where take.lua reads it
         "id": job.id, "model": job.model,
         "reply_to": job.reply_to, "deadline": job.deadline,
         "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
         # Only when set: an untraced job is no bigger than before.
         **({"trace": job.trace} if job.trace else {}), **({"request_id": job.request_id} if job.request_id else {}),
         **({"priority": job.priority} if job.priority else {}),
+        # Last, so that peek_job reads the fields before them without unpacking the tensors. One
+        # item as jobs always were (any worker reads it); several as a list.
+        **({"inputs": items[0]} if len(items) == 1 else {"items": items}),
     })
 
 
@@ -168,9 +172,14 @@ def _version(obj: dict) -> int:
 
 
 def _item(inputs: Any) -> dict[str, np.ndarray]:
-    if not isinstance(inputs, dict) or not inputs or not all(isinstance(k, str) for k in inputs):
+    if type(inputs) is not dict or not inputs:
         raise WireError("inputs must be a non-empty map of named tensors")
-    return {name: unpack_tensor(t) for name, t in inputs.items()}
+    item = {}
+    for name, tensor in inputs.items():
+        if type(name) is not str:
+            raise WireError("inputs must be a non-empty map of named tensors")
+        item[name] = unpack_tensor(tensor)
+    return item
 
 
 def _items(obj: dict) -> list[dict[str, np.ndarray]]:
@@ -222,17 +231,31 @@ def _lane(obj: dict) -> str:
     return lane
 
 
+_PEEKED = ("id", "reply_to", "model")
+
+
 def peek_job(data: Any) -> dict:
-    """Best-effort id and reply_to of a job that failed to decode, for an error reply."""
+    """Best-effort id, reply_to and model of a job, without decoding it: for an error reply to one
+    that failed to decode, and to look a taken job up by id. Reads the map's fields in turn and
+    stops once it has them, before the tensors (encode_job writes them last)."""
+    found: dict[str, str] = {}
     try:
-        obj = msgpack.unpackb(data, raw=False, max_bin_len=MAX_MESSAGE_BYTES,
-                              max_str_len=1024 * 1024, max_array_len=1024,
-                              max_map_len=64, max_ext_len=0)
-    except Exception:
-        return {}
-    if not isinstance(obj, dict):
-        return {}
-    return {k: obj[k] for k in ("id", "reply_to", "model") if isinstance(obj.get(k), str)}
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES, max_bin_len=MAX_MESSAGE_BYTES,
+                                    max_str_len=1024 * 1024, max_array_len=1024, max_map_len=64, max_ext_len=0)
+        unpacker.feed(data)
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key in _PEEKED:
+                value = unpacker.unpack()
+                if isinstance(value, str):
+                    found[key] = value
+                if len(found) == len(_PEEKED):
+                    break
+            else:
+                unpacker.skip()
+    except Exception:  # msgpack raises a zoo of types on garbage: what was read before it stands
+        pass
+    return found
 
 
 # -- replies ---------------------------------------------------------------
@@ -259,9 +282,13 @@ class Reply:
         """One reply per item of the job it answers (a failure answers the job whole: itself)."""
         if self.items is None:
             return [self]
-        return [Reply(id=self.id, ok=True, outputs=outputs, worker=self.worker, batch_size=self.batch_size,
-                      queue_ms=self.queue_ms, infer_ms=self.infer_ms, version=self.version)
-                for outputs in self.items]
+        shared = {**self.__dict__, "items": None}
+        each = []
+        for outputs in self.items:  # copies of its fields, not __init__ again: a job may hold many
+            reply = object.__new__(Reply)
+            reply.__dict__.update(shared, outputs=outputs)
+            each.append(reply)
+        return each
 
 
 def encode_reply(reply: Reply) -> bytes:

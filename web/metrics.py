@@ -58,7 +58,7 @@ def count_key(model: str, key_label: str, lane: str, status: int) -> None:
 
 
 def replied(model: str, replies) -> None:
-    """How long each reply's job queued, and the size of the batch it rode in."""
+    """How long each job queued, and the size (items) of the batch it rode in: one reply a job."""
     _, queue_wait, rode_in = _per_model(model)
     for reply in replies:
         queue_wait.observe(reply.queue_ms / 1000)

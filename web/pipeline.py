@@ -358,9 +358,8 @@ class Pipeline:
                 self._unawaited_push(self.releasing, [self.keys.running(model, owner)], [ids[0]])
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
                 self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
-        answered = each_item(parts, replies, len(inputs))
-        metrics.replied(model, answered)
-        return answered
+        metrics.replied(model, replies)
+        return each_item(parts, replies, len(inputs))
 
     def _unawaited_push(self, outbox: Outbox, keys: list[str], args: list) -> None:
         """A script's call sent with the loop's next round trip, its answer not awaited; a failure is
