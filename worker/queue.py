@@ -41,7 +41,7 @@ from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
 from funnel.common.priority import LANES
-from funnel.common.wire import item_count, peek_job
+from funnel.common.wire import item_count
 from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
 from funnel.worker.linger import Linger
 
@@ -58,8 +58,7 @@ class JobQueue:
         self.inflight = keys.inflight(model, worker_id)
         self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
-        self.left = 0  # interactive jobs taken and never run since last read: their client had left
-        self._marked_gone = 0  # the gone set's size at the last take: 0, nothing to look up
+        self.left = 0  # interactive jobs the take dropped unrun since last read: their client had left
         self._take_more = lua_scripts.register(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, from a take cut short by a Redis error, or from one
@@ -111,10 +110,6 @@ class JobQueue:
         them); count the rest as held until forget()."""
         kept, dropped = drop_stopped(self.client, self.keys, raws)
         self.dropped += dropped
-        if self._marked_gone:
-            kept, left = drop_gone(self.client, self.gone, kept)
-            self.left += left
-            dropped += left
         if dropped:
             kept_set = set(kept)
             pipe = self.client.pipeline(transaction=False)
@@ -130,8 +125,9 @@ class JobQueue:
         """Jobs of up to count items, each lane kept its places left and held to its cap left; counts,
         the batch's items from each lane so far, grows by what this took."""
         args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
-        taken, jobs, self._marked_gone, self._inflight_length = self._take_more(
+        taken, jobs, left, self._inflight_length = self._take_more(
             keys=[self.inflight, self.gone, *self.lanes], args=args)
+        self.left += len(left_unrun(left))
         for i, n in enumerate(taken):
             counts[i] += n
         if any(taken[:-1]):
@@ -167,14 +163,6 @@ class JobQueue:
         return jobs
 
 
-def drop_gone(client: redis.Redis, gone: str, raws: list[bytes]) -> tuple[list[bytes], int]:
-    """The taken messages less the jobs whose client left (marked in the gone set, which forgets
-    them here), and how many those were. One round trip; only while the set holds marks."""
-    ids = [peek_job(raw).get("id", "") for raw in raws]
-    scores = client.zmscore(gone, ids) if ids else []
-    left = {job_id for job_id, score in zip(ids, scores) if score is not None}
-    if not left:
-        return raws, 0
-    client.zrem(gone, *left)
-    kept = [raw for raw, job_id in zip(raws, ids) if job_id not in left]
-    return kept, len(raws) - len(kept)
+def left_unrun(ids: list[bytes]) -> list[str]:
+    """The ids of the jobs a take dropped unrun, their clients gone (take.lua forgot their marks)."""
+    return [job_id.decode() for job_id in ids]

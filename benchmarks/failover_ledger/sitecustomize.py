@@ -14,8 +14,8 @@ nothing else:
   `answered-<pid>` gets the ids it answered (bulk items' too, `<job>-<index>`);
 - worker: batch.decode, which sorts out the jobs taken past their deadline:
   `expired-<pid>` gets the ids it dropped unrun (their clients had a 504);
-- worker: queue.drop_gone, which drops the jobs whose client had left:
-  `left-<pid>` gets their ids.
+- worker: queue.left_unrun, the ids of the jobs a take dropped because their
+  client had left: `left-<pid>` gets them.
 
 It imports nothing of Funnel's itself: it only wraps what the processes import.
 """
@@ -88,17 +88,15 @@ def _worker_batch(batch) -> None:
 
 
 def _worker_queue(queue) -> None:
-    drop_gone = queue.drop_gone
+    left_unrun = queue.left_unrun
 
-    @functools.wraps(drop_gone)
-    def recorded(client, gone, raws):
-        kept, dropped = drop_gone(client, gone, raws)
-        if dropped:
-            kept_ids = {queue.peek_job(raw).get("id") for raw in kept}
-            _record("left", [i for i in (queue.peek_job(raw).get("id") for raw in raws) if i not in kept_ids])
-        return kept, dropped
+    @functools.wraps(left_unrun)
+    def recorded(ids):
+        left = left_unrun(ids)
+        _record("left", left)
+        return left
 
-    queue.drop_gone = recorded  # JobQueue calls it by its global name
+    queue.left_unrun = recorded  # JobQueue calls it by its global name
 
 
 PATCHES = {"funnel.web.queueing.inbox": _web, "funnel.worker.reply": _worker, "funnel.worker.batch": _worker_batch,

@@ -6,44 +6,63 @@
 -- queue (worker/queue.py): a full batch that leaves the normal queue empty and jobs waiting in the
 -- high or low lane moves the oldest of them (high's first) to the normal queue, so one wakes for it.
 -- Counts are in items: a job holds one request's items (common/wire.py writes their count `n` second
--- in its message, where items_of reads it). A lane takes jobs while it has room left, so its last
+-- in its message, where head_of reads it). A lane takes jobs while it has room left, so its last
 -- job may overrun the room by less than a job (the web makes no job larger than a batch, and the
 -- worker runs a batch in parts of its size); a lane that overran its places pays it back from its
 -- share later (worker/lanes.py). Never putting a job back keeps every lane's order, and a lane of large
 -- jobs is never passed over for the small ones behind it.
 --
 -- KEYS[1]     this worker's in-flight list, funnel:inflight:{<model>}:<worker>
--- KEYS[2]     the model's gone set, funnel:gone:{<model>} (only counted: see common/lua/leave.lua)
+-- KEYS[2]     the model's gone set, funnel:gone:{<model>} (see common/lua/leave.lua): a job marked
+--             there is dropped unrun and its mark removed (a job whose id head_of cannot read runs)
 -- KEYS[3..6]  the lanes in the order served: funnel:queue-high:, funnel:queue:, funnel:queue-low:,
 --             funnel:bulk:{<model>}:<version>
 -- ARGV[1]     how many items to take at most
 -- ARGV[2..]   for each lane of KEYS[3..] in turn: the places (items) kept for it, taken first
 -- ARGV[2+L..] for each lane in turn: how many items it may take at most (L: the number of lanes)
 -- Returns     {{items taken from each lane}, {every job taken, wire bytes, oldest of each lane first},
---             jobs marked gone, the in-flight list's length after the take}
+--             {the ids of the jobs dropped, their clients gone}, the in-flight list's length after}
 local lanes = #KEYS - 2
 local want = tonumber(ARGV[1])
 local taken, counts, items = {}, {}, 0
 
-local function items_of(job)  -- the `n` after `v` in a job's msgpack map (fixmap or map 16), else 1
-  local head = string.byte(job, 1)
-  local at = (head >= 0x80 and head <= 0x8f) and 2 or (head == 0xde and 4 or nil)
-  if not at or string.sub(job, at, at + 4) ~= '\161v\1\161n' then return 1 end
-  local n = string.byte(job, at + 5)
-  if n == 0xcc then return string.byte(job, at + 6) end
-  if n == 0xcd then return string.byte(job, at + 6) * 256 + string.byte(job, at + 7) end
-  if n > 0x7f then return 1 end
-  return math.max(1, n)
+local function head_of(job)  -- a job's items and id, from its message's first bytes (common/wire.py
+  -- writes v, then n for several items, then id, in a fixmap or map 16): 1 and nil where unread
+  local byte = string.byte(job, 1)
+  local at = (byte >= 0x80 and byte <= 0x8f) and 2 or (byte == 0xde and 4 or nil)
+  if not at or string.sub(job, at, at + 2) ~= '\161v\1' then return 1, nil end
+  at = at + 3
+  local n = 1
+  if string.sub(job, at, at + 1) == '\161n' then
+    local head = string.byte(job, at + 2)
+    if head == 0xcc then n, at = string.byte(job, at + 3), at + 4
+    elseif head == 0xcd then n, at = string.byte(job, at + 3) * 256 + string.byte(job, at + 4), at + 5
+    elseif head <= 0x7f then n, at = math.max(1, head), at + 3
+    else return 1, nil end
+  end
+  if string.sub(job, at, at + 2) ~= '\162id' then return n, nil end
+  local head = string.byte(job, at + 3)
+  if head >= 0xa0 and head <= 0xbf then return n, string.sub(job, at + 4, at + 3 + head - 0xa0) end
+  if head == 0xd9 then return n, string.sub(job, at + 5, at + 4 + string.byte(job, at + 4)) end
+  return n, nil
 end
 
+local marked = redis.call('ZCARD', KEYS[2]) > 0
+local left = {}  -- the ids of jobs whose client left: dropped here, unrun, their marks forgotten
 local function take(lane, count)
   count = math.min(count, tonumber(ARGV[1 + lanes + lane]) - counts[lane])
   while count > 0 do
     local job = redis.call('LMOVE', KEYS[2 + lane], KEYS[1], 'RIGHT', 'LEFT')
     if not job then return end
-    local n = items_of(job)
-    taken[#taken + 1] = job
-    counts[lane], items, count = counts[lane] + n, items + n, count - n
+    local n, id = head_of(job)
+    if marked and id and redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('LPOP', KEYS[1])
+      left[#left + 1] = id
+    else
+      taken[#taken + 1] = job
+      counts[lane], items, count = counts[lane] + n, items + n, count - n
+    end
   end
 end
 for lane = 1, lanes do counts[lane] = 0 end
@@ -52,4 +71,4 @@ for lane = 1, lanes do take(lane, want - items) end
 if items >= want and redis.call('LLEN', KEYS[4]) == 0 then
   if not redis.call('RPOPLPUSH', KEYS[3], KEYS[4]) then redis.call('RPOPLPUSH', KEYS[5], KEYS[4]) end
 end
-return {counts, taken, redis.call('ZCARD', KEYS[2]), redis.call('LLEN', KEYS[1])}
+return {counts, taken, left, redis.call('LLEN', KEYS[1])}

@@ -174,3 +174,19 @@ def test_floor_shares_count_items_and_a_big_job_in_high_does_not_starve_the_lane
         redis_client.delete(keys.inflight(MODEL, "w1"))
         queue.forget(len(taken))
     assert items["high"] >= 80 and items["normal"] >= 20 and items["low"] >= 10, items
+
+
+def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(redis_client, keys):
+    from funnel.common.wire import encode_job as encode
+
+    leave = lua_scripts.register(redis_client, "leave")
+    normal = keys.queue(MODEL)
+    long_id = Job(id="x" * 40, model=MODEL, items=[{"x": np.zeros(1, np.int32)}] * 3, reply_to="r",
+                  deadline=now_ms() + 60_000)  # a str 8 id, in a job of several items
+    redis_client.lpush(normal, job("normal", 0), several("normal", 1, 4), encode(long_id), job("normal", 3))
+    leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "normal-1", "x" * 40, "elsewhere"])
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    taken = queue.take(10, Linger(0), 0.1)
+    assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-3"] and queue.left == 2
+    assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken  # the dropped are not held
+    assert redis_client.zrange(keys.gone(MODEL), 0, -1) == [b"elsewhere"]  # their marks forgotten
