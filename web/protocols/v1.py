@@ -43,10 +43,16 @@ class V1:
         name = task.spec.name
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
         request_id = logs.REQUEST_ID.get()
-        meta = [{"worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
-                 "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
-                 "priority": work.priority}
-                for r in replies]
+        by_job: dict[str, dict] = {}  # the items of one job share its reply's figures: one meta a job
+        meta = []
+        for r in replies:
+            shared = by_job.get(r.id)
+            if shared is None:
+                shared = by_job[r.id] = {
+                    "worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
+                    "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
+                    "priority": work.priority}
+            meta.append(shared)
         if work.context["single"]:
             body = {"model": name, **results[0], "meta": meta[0]}
         else:
