@@ -195,18 +195,18 @@ def _items(obj: dict) -> list[dict[str, np.ndarray]]:
 
 
 def item_count(data: bytes) -> int:
-    """A job message's items, read from its head as common/lua/take.lua reads it (1 when it names no `n`)."""
-    at = 1 if 0x80 <= data[0] <= 0x8F else 3 if data[0] == 0xDE else -1  # fixmap, map 16
-    if at < 0 or data[at:at + 5] != b"\xa1v\x01\xa1n":
+    """A job message's items, read from its head as common/lua/take.lua reads it: at least 1 (1 when
+    it names no `n`), whatever the bytes, a short or hand-pushed message's included."""
+    head = bytes(data[:11]).ljust(11, b"\0")  # past the end reads as zeros, as the script reads it
+    at = 1 if 0x80 <= head[0] <= 0x8F else 3 if head[0] == 0xDE else -1  # fixmap, map 16
+    if at < 0 or head[at:at + 5] != b"\xa1v\x01\xa1n":
         return 1
-    head = data[at + 5]
-    if head <= 0x7F:
-        return max(1, head)
-    if head == 0xCC:
-        return data[at + 6]
-    if head == 0xCD:
-        return int.from_bytes(data[at + 6:at + 8], "big")
-    return 1
+    kind = head[at + 5]
+    if kind == 0xCC:
+        return max(1, head[at + 6])
+    if kind == 0xCD:
+        return max(1, int.from_bytes(head[at + 6:at + 8], "big"))
+    return max(1, kind) if kind <= 0x7F else 1
 
 
 def decode_job(data: Any) -> Job:
@@ -236,8 +236,8 @@ _PEEKED = ("id", "reply_to", "model")
 
 def peek_job(data: Any) -> dict:
     """Best-effort id, reply_to and model of a job, without decoding it: for an error reply to one
-    that failed to decode, and to look a taken job up by id. Reads the map's fields in turn and
-    stops once it has them, before the tensors (encode_job writes them last)."""
+    that failed to decode, and to find the job a bulk item belongs to (common/jobs.py). Reads the
+    map's fields in turn and stops once it has them, before the tensors (encode_job writes them last)."""
     found: dict[str, str] = {}
     try:
         unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES, max_bin_len=MAX_MESSAGE_BYTES,

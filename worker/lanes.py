@@ -31,11 +31,9 @@ class Shares:
         """floors: each lane's share of a batch, in the order served (the first lane's is unused)."""
         self.floors = floors
         self.credit = [0.0] * len(floors)
-        self.batch_size = 1
 
     def reserve(self, batch_size: int) -> list[int]:
         """The places kept for each lane in this batch."""
-        self.batch_size = batch_size
         places = []
         for i, floor in enumerate(self.floors):
             owed = floor * batch_size
@@ -43,7 +41,7 @@ class Shares:
             places.append(max(0, min(batch_size, math.floor(self.credit[i] + 1e-9))))
         return places
 
-    def spend(self, taken: list[int]) -> None:
-        """What each lane took in the batch just filled (items)."""
+    def spend(self, taken: list[int], batch_size: int) -> None:
+        """What each lane took in the batch of batch_size just filled (items)."""
         for i, count in enumerate(taken):
-            self.credit[i] = max(-self.batch_size, self.credit[i] - count)
+            self.credit[i] = max(-batch_size, self.credit[i] - count)

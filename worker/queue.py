@@ -158,7 +158,7 @@ class JobQueue:
             # Poll rather than block: Redis checks blocking timeouts only about
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.
             time.sleep(min(remaining, POLL_S))
-        self.shares.spend(counts)
+        self.shares.spend(counts, batch_size)
         self.last_wait_s = time.monotonic() - started
         return jobs
 

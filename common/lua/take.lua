@@ -26,24 +26,27 @@ local lanes = #KEYS - 2
 local want = tonumber(ARGV[1])
 local taken, counts, items = {}, {}, 0
 
-local function head_of(job)  -- a job's items and id, from its message's first bytes (common/wire.py
-  -- writes v, then n for several items, then id, in a fixmap or map 16): 1 and nil where unread
-  local byte = string.byte(job, 1)
-  local at = (byte >= 0x80 and byte <= 0x8f) and 2 or (byte == 0xde and 4 or nil)
+local function head_of(job)  -- a job's items (at least 1) and id, from its message's first bytes
+  -- (common/wire.py writes v, then n for several items, then id, in a fixmap or map 16): 1 and nil
+  -- where unread; a byte past the end of a short message reads as 0, as wire.item_count reads it
+  local function byte(i) return string.byte(job, i) or 0 end
+  local head = byte(1)
+  local at = (head >= 0x80 and head <= 0x8f) and 2 or (head == 0xde and 4 or nil)
   if not at or string.sub(job, at, at + 2) ~= '\161v\1' then return 1, nil end
   at = at + 3
   local n = 1
   if string.sub(job, at, at + 1) == '\161n' then
-    local head = string.byte(job, at + 2)
-    if head == 0xcc then n, at = string.byte(job, at + 3), at + 4
-    elseif head == 0xcd then n, at = string.byte(job, at + 3) * 256 + string.byte(job, at + 4), at + 5
-    elseif head <= 0x7f then n, at = math.max(1, head), at + 3
+    local kind = byte(at + 2)
+    if kind == 0xcc then n, at = byte(at + 3), at + 4
+    elseif kind == 0xcd then n, at = byte(at + 3) * 256 + byte(at + 4), at + 5
+    elseif kind <= 0x7f then n, at = kind, at + 3
     else return 1, nil end
+    n = math.max(1, n)
   end
   if string.sub(job, at, at + 2) ~= '\162id' then return n, nil end
-  local head = string.byte(job, at + 3)
-  if head >= 0xa0 and head <= 0xbf then return n, string.sub(job, at + 4, at + 3 + head - 0xa0) end
-  if head == 0xd9 then return n, string.sub(job, at + 5, at + 4 + string.byte(job, at + 4)) end
+  local size = byte(at + 3)
+  if size >= 0xa0 and size <= 0xbf then return n, string.sub(job, at + 4, at + 3 + size - 0xa0) end
+  if size == 0xd9 then return n, string.sub(job, at + 5, at + 4 + byte(at + 4)) end
   return n, nil
 end
 

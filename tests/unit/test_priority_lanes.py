@@ -101,7 +101,7 @@ def test_floor_shares_hold_with_batches_of_one():
             taken[lane] = min(places[lane], left)
             left -= taken[lane]
         taken[0] = left
-        shares.spend(taken)
+        shares.spend(taken, 1)
         served = [a + b for a, b in zip(served, taken)]
     assert served[1] >= 0.8 * 0.2 * 400 and served[2] >= 0.8 * 0.1 * 400 and served[3] >= 0.8 * 0.25 * 400
     assert served[0] >= 0.3 * 400, served
@@ -190,3 +190,24 @@ def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(red
     assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-3"] and queue.left == 2
     assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken  # the dropped are not held
     assert redis_client.zrange(keys.gone(MODEL), 0, -1) == [b"elsewhere"]  # their marks forgotten
+
+
+SHORT = [b"", b"\x81", b"\x81\xa1v\x01", b"\x81\xa1v\x01\xa1n", b"\x81\xa1v\x01\xa1n\xcc",
+         b"\x81\xa1v\x01\xa1n\xcd\x00", b"\x81\xa1v\x01\xa1n\x00",
+         b"\x81\xa1v\x01\xa1n\xcc\x00", b"\x83\xa1v\x01\xa2id\xd9", b"\xde\x00"]
+
+
+def test_short_or_hand_pushed_messages_count_one_item_at_least_and_never_break_the_take(redis_client, keys):
+    """What redis-cli can push: the take counts each as one item at least (never zero, so a batch
+    stays bounded), the worker's own count agrees, and decoding later dead-letters them."""
+    from funnel.common.wire import item_count
+
+    assert [item_count(raw) for raw in SHORT] == [1] * len(SHORT)
+    leave = lua_scripts.register(redis_client, "leave")
+    leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "someone"])  # ids are looked up
+    redis_client.lpush(keys.queue(MODEL), *SHORT, job("normal", 0))
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    taken = queue.take(4, Linger(0), 0.1)
+    assert taken == SHORT[:4]  # four messages, one item each: oldest first
+    taken += queue.take(100, Linger(0), 0.1)
+    assert len(taken) == len(SHORT) + 1 and queue.left == 0
