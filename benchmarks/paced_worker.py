@@ -10,10 +10,13 @@ that costs the host no CPU while it computes, as a GPU does. The wrap is made
 where the worker loads its backend, so the same module paces the serial
 worker of an older checkout and the pipelined one alike.
 
-The accelerator's time in run, counted by the wrap: asked with a file
-PACE_LEDGER/<pid>.ask, the worker writes "<seconds in run> <runs> <items>" to
-PACE_LEDGER/<pid> (a file replaced whole) within LEDGER_POLL_S, so a benchmark
-can read it before and after its load. A thread of its own looks for the ask,
+The accelerator's time in run, counted by the wrap, and the CPU the real model
+took on the run's thread (the toy graph standing in for the accelerator's work:
+not the worker's own cost; the benchmark gives the worker one intra-op thread,
+so the graph runs on that thread alone): asked with a file
+PACE_LEDGER/<pid>.ask, the worker writes "<seconds in run> <runs> <items>
+<model CPU seconds>" to PACE_LEDGER/<pid> (a file replaced whole) within
+LEDGER_POLL_S, so a benchmark can read it before and after its load. A thread of its own looks for the ask,
 where a SIGUSR1 did before: its handler runs on the main thread only, and twice
 in 25 runs of two idle workers one of them had not run it 10 s later.
 """
@@ -42,11 +45,12 @@ class Paced:
         self.inner, self.batch_s, self.item_s = inner, batch_s, item_s
         self.input_names, self.output_names = inner.input_names, inner.output_names
         self.description = f"{inner.description}, paced {batch_s * 1000:g} ms + {item_s * 1000:g} ms per item"
-        self.busy_s, self.runs, self.items = 0.0, 0, 0
+        self.busy_s, self.runs, self.items, self.model_cpu_s = 0.0, 0, 0, 0.0
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         outputs = self.inner.run(feeds)
+        self.model_cpu_s += time.thread_time() - cpu
         items = len(next(iter(feeds.values())))
         time.sleep(max(0.0, started + self.batch_s + self.item_s * items - time.perf_counter()))
         self.busy_s += time.perf_counter() - started
@@ -56,7 +60,8 @@ class Paced:
 
 def write_ledger(pacers: list[Paced], folder: Path) -> None:
     """The totals of this process's paced backends, in one file replaced whole."""
-    totals = (sum(p.busy_s for p in pacers), sum(p.runs for p in pacers), sum(p.items for p in pacers))
+    totals = (sum(p.busy_s for p in pacers), sum(p.runs for p in pacers), sum(p.items for p in pacers),
+              sum(p.model_cpu_s for p in pacers))
     part = folder / f".{os.getpid()}"
     part.write_text(" ".join(map(str, totals)))
     part.replace(folder / str(os.getpid()))

@@ -19,7 +19,6 @@ right after `v`, where the take script reads it without decoding the message
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,19 +65,27 @@ _DTYPE = {name: np.dtype(name) for name in DTYPES}  # parsed once: a job may hol
 
 
 def unpack_tensor(obj: Any) -> np.ndarray:
-    if type(obj) is not dict or len(obj) != 3 or obj.keys() != _TENSOR_KEYS:
-        raise WireError("a tensor is a map of exactly dtype, shape and data")
-    dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    # Checks in plain loops, not any() or math.prod: a job unpacks a tensor per input of each item.
+    try:  # three fields, each found: exactly these three
+        if type(obj) is not dict or len(obj) != 3:
+            raise KeyError
+        dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    except KeyError:
+        raise WireError("a tensor is a map of exactly dtype, shape and data") from None
     numpy_dtype = _DTYPE.get(dtype) if type(dtype) is str else None
     if numpy_dtype is None:
         raise WireError(f"unknown dtype {dtype!r}")
-    if type(shape) is not list or len(shape) > MAX_TENSOR_DIMS or any(type(d) is not int or d < 0 for d in shape):
+    if type(shape) is not list or len(shape) > MAX_TENSOR_DIMS:
         raise WireError(f"bad tensor shape {shape!r}")
+    size = numpy_dtype.itemsize
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise WireError(f"bad tensor shape {shape!r}")
+        size *= d
     if type(data) is not bytes:
         raise WireError("tensor data must be bytes")
-    if math.prod(shape) * numpy_dtype.itemsize != len(data):
-        raise WireError(f"tensor of shape {shape} and dtype {dtype} needs "
-                        f"{math.prod(shape) * numpy_dtype.itemsize} bytes, got {len(data)}")
+    if size != len(data):
+        raise WireError(f"tensor of shape {shape} and dtype {dtype} needs {size} bytes, got {len(data)}")
     return np.frombuffer(data, dtype=numpy_dtype).reshape(shape)
 
 

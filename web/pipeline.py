@@ -345,7 +345,7 @@ class Pipeline:
             pushed_ms = now_ms()  # its key's token was taken with the push: released below
             raise
         except redis.RedisError as exc:
-            if sent:  # the push may have run, its answer lost (never sent again: queueing/line.py)
+            if sent:  # the push may have run, its answer lost (never sent again: common/line.py)
                 self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
         except asyncio.CancelledError:

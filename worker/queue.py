@@ -59,7 +59,7 @@ class JobQueue:
         self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
         self.left = 0  # interactive jobs the take dropped unrun since last read: their client had left
-        self._take_more = lua_scripts.register(client, "take")  # common/lua/take.lua
+        self._take_more = lua_scripts.Runner(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, from a take cut short by a Redis error, or from one
         # whose answer was lost and that the client's retry ran again.
@@ -125,8 +125,7 @@ class JobQueue:
         """Jobs of up to count items, each lane kept its places left and held to its cap left; counts,
         the batch's items from each lane so far, grows by what this took."""
         args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
-        taken, jobs, left, self._inflight_length = self._take_more(
-            keys=[self.inflight, self.gone, *self.lanes], args=args)
+        taken, jobs, left, self._inflight_length = self._take_more([self.inflight, self.gone, *self.lanes], args)
         self.left += len(left_unrun(left))
         for i, n in enumerate(taken):
             counts[i] += n

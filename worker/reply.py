@@ -79,7 +79,7 @@ def answer(client: redis.Redis, keys: Keys, worker_id: str, model: str,
             store_results_apart(client, keys, results_key, items)
         _hold("stored")
     if not by_job or keys.cluster:  # the script alone is atomic; and a Redis Cluster's pipelines run no scripts
-        held = lua_scripts.register(client, "reply")(keys=reply_keys, args=args) if taken else []
+        held = lua_scripts.runner(client, "reply")(reply_keys, args) if taken else []
     else:  # bulk items on a single Redis: their results and the replies in one MULTI
         pipe = client.pipeline(transaction=True)
         held_by = keys.inflight(model, worker_id) if taken else ""  # stored only while still in flight

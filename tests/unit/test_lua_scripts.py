@@ -9,6 +9,7 @@ import re
 import tomllib
 
 import pytest
+import redis
 
 from funnel.common import lua_scripts
 from tests.conftest import ROOT
@@ -75,3 +76,21 @@ def test_the_lua_files_ship_in_the_package():
     for path in lua_scripts.HOME.glob("*.lua"):
         relative = path.relative_to(ROOT / "common").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
+
+
+def test_a_runner_runs_its_script_on_its_thread_line_and_loads_it_again_after_a_flush(redis_client):
+    """The worker's take and reply (lua_scripts.Runner): EVALSHA on the calling thread's own
+    connection, loaded again when Redis forgot the script (a restart, a SCRIPT FLUSH), and a
+    script's own error raised, not answered."""
+    take = lua_scripts.runner(redis_client, "take")
+    assert lua_scripts.runner(redis_client, "take") is take  # made once per client
+    lanes = [f"funnel:{lane}:{{m}}:1" for lane in ("queue-high", "queue", "queue-low", "bulk")]
+    redis_client.lpush(lanes[1], b"job-1", b"job-2")
+    args = [4, 0, 0, 0, 0, 4, 4, 4, 4]  # four items at most, no places kept, every lane's cap four
+    counts, jobs, left, held = take(["funnel:inflight:{m}:w1", "funnel:gone:{m}", *lanes], args)
+    assert (counts, jobs, left, held) == ([0, 2, 0, 0], [b"job-1", b"job-2"], [], 2)
+    redis_client.script_flush()
+    redis_client.lpush(lanes[1], b"job-3")
+    assert take(["funnel:inflight:{m}:w1", "funnel:gone:{m}", *lanes], args)[1] == [b"job-3"]
+    with pytest.raises(redis.ResponseError):
+        take(["funnel:inflight:{m}:w1", "funnel:gone:{m}", *lanes], ["not a number"])

@@ -14,8 +14,8 @@ import redis
 from funnel.common.connection import connect
 from funnel.common.errors import NotReplicated
 from funnel.common.job_store import REPLICA_WAIT_MS
+from funnel.common.line import Line
 from funnel.scripts.redis_local import free_port, wait_until
-from funnel.web.queueing.line import Line
 from funnel.web.queueing.outbox import Outbox
 from tests.cutting_proxy import CuttingProxy
 

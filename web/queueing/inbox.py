@@ -2,7 +2,7 @@
 
 Every job of this process names the same reply list; a listener thread pops
 whatever replies are there in one round trip (BRPOP, then RPOP COUNT for the
-rest, pipelined: queueing/line.py) and hands each to the request on the event
+rest, pipelined: common/line.py) and hands each to the request on the event
 loop that waits for its job id, so a waiting request costs a future, not a
 connection or a thread (docs/performance.md has the figures against a BLPOP
 per request).
@@ -28,8 +28,8 @@ import redis
 
 from funnel.common.errors import Timeout, Unavailable
 from funnel.common.keys import Keys
+from funnel.common.line import Line
 from funnel.common.wire import Reply, WireError, decode_reply, now_ms
-from funnel.web.queueing.line import Line
 
 log = logging.getLogger(__name__)
 
