@@ -26,7 +26,9 @@ settings, the workers) is started, warmed, and loaded with wrk for
   backend, is shown apart and not counted;
 - beside them, the bare ASGI floor: a trivial ASGI app under the same
   gunicorn settings answering a constant to the same bodies
-  (benchmarks/peers/bare_asgi.py).
+  (benchmarks/peers/bare_asgi.py); and after each point, the CPU of a Redis
+  round trip from Python (client and Redis), of which a 32-item request
+  makes four: the floor its queueing cannot go under.
 
 --before DIR (a checkout of an older Funnel, e.g. `git worktree add
 /tmp/before <commit>`) runs every point a second time with that checkout's
@@ -48,12 +50,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
+
 from benchmarks import ROOT, save
 from benchmarks.core import machine
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.load import write_lua, wrk
 from benchmarks.payloads import Payload
 from benchmarks.web_cpu import bare, wait_for_answer
+from funnel.common.line import Line
 from funnel.scripts.stack import Stack
 from tests import toy_model
 
@@ -153,11 +158,26 @@ def measure(args, model_store: Path, work: Path, code: str, worker_path: Path | 
                   "redis": [stack.redis.process.pid]}
         result = point(f"{stack.url}/v1/models/{MODEL}/predict", groups, body(items), clients, args.duration,
                        work, stack.workers)
+        result["round_trip"] = round_trip(stack)
     busy_s, runs, run_items, _ = result["in_run"]
     ceiling = workers * BATCH / ((args.batch_ms + args.item_ms * BATCH) / 1000)
     return {**result, "code": code, "workers": workers, "items": items, "clients": clients,
             "items_s": result["rps"] * items, "ceiling": ceiling, "busy": busy_s / (workers * result["seconds"]),
             "mean_batch": run_items / max(runs, 1)}
+
+
+def round_trip(stack: Stack, count: int = 20000) -> tuple[float, float]:
+    """The CPU of one Redis round trip from Python, PING after PING on a thread's own connection
+    (common/line.py, as the web's outbox and inbox and the worker's scripts make theirs): µs of
+    the client, µs of Redis."""
+    line = Line(redis.Redis.from_url(stack.redis_url))
+    line.exchange([("PING",)])
+    groups = {"redis": [stack.redis.process.pid]}
+    before, client = cpu_ticks(groups), time.process_time()
+    for _ in range(count):
+        line.exchange([("PING",)])
+    client = time.process_time() - client
+    return client / count * 1e6, cpu_seconds(before, cpu_ticks(groups))["redis"] / count * 1e6
 
 
 def measure_bare(args, work: Path, items: int) -> dict:
@@ -214,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         model_store = store(work)
         codes: list[tuple[str, Path | None]] = [("pipelined", None)]
         if args.before:
-            codes.append(("serial (before)", link_tree(args.before, work)))
+            commit = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()
+            codes.append((f"before ({commit or args.before.name})", link_tree(args.before, work)))
         for round_ in range(args.rounds):
             for items in [int(n) for n in args.items.split(",")]:
                 result = measure_bare(args, work, items)
@@ -232,6 +254,15 @@ def main(argv: list[str] | None = None) -> int:
                               + ", ".join(f"{g} {s / (result['rps'] * result['seconds']) * 1000:.3f}"
                                           for g, s in result["cpu"].items()), flush=True)
     ceiling = BATCH / ((args.batch_ms + args.item_ms * BATCH) / 1000)
+    trips = [r["round_trip"] for key, rs in runs.items() if key[0] != "bare" for r in rs]
+    client_us, redis_us = (statistics.median(t[i] for t in trips) for i in (0, 1))
+    floor = (f"A Redis round trip from Python (PING on a thread's own connection, common/line.py), "
+             f"timed after each point: {client_us:.1f} µs of the client's CPU and {redis_us:.1f} µs of "
+             f"Redis's (medians). A {BATCH}-item request, a batch of its own, makes four (its push, the "
+             f"take, the reply, the inbox's pop; single items share them), whose floor is "
+             f"{4 * (client_us + redis_us) / 1000:.3f} ms a request, "
+             f"{4 * (client_us + redis_us) / BATCH:.1f} µs an item of a {BATCH}-item request, beside the "
+             f"bare ASGI floor above.\n")
     table = ["| worker | workers | items per request | clients | req/s | items/s | of the paced ceiling | busy "
              "| mean batch | p50 ms | p99 ms | CPU ms/request: web | worker | Redis | all three | CPU µs per item "
              "| the model's CPU ms/request, not counted | wrk + other load (cores) |",
@@ -248,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
               f"busy = time in run / (workers x seconds), counted by the "
               f"paced backends; the web tier at its "
               f"defaults, {os.cpu_count()} cores shared by everything, wrk included)\n\n"
-              + "\n".join(table) + "\n")
+              + "\n".join(table) + "\n\n" + floor)
     save("accelerator", report)
     return 0
 
