@@ -73,7 +73,8 @@ _runners_lock = threading.Lock()
 
 
 def runner(client: redis.Redis, name: str) -> Runner:
-    """The client's Runner of the script, made at the first call (a worker answers every batch with it)."""
+    """The client's Runner of the script, made at the first call (a worker takes and answers every
+    batch with one)."""
     with _runners_lock:
         made = _runners.setdefault(client, {})
         if name not in made:

@@ -59,7 +59,7 @@ class JobQueue:
         self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
         self.left = 0  # interactive jobs the take dropped unrun since last read: their client had left
-        self._take_more = lua_scripts.Runner(client, "take")  # common/lua/take.lua
+        self._take_more = lua_scripts.runner(client, "take")  # common/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, from a take cut short by a Redis error, or from one
         # whose answer was lost and that the client's retry ran again.
