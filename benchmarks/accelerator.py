@@ -52,7 +52,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks import ROOT, save
+from benchmarks import ROOT, commit_of, save
 from benchmarks.core import machine
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.load import write_lua, wrk
@@ -234,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         model_store = store(work)
         codes: list[tuple[str, Path | None]] = [("pipelined", None)]
         if args.before:
-            commit = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip()
-            codes.append((f"before ({commit or args.before.name})", link_tree(args.before, work)))
+            codes.append((f"before ({commit_of(args.before)})", link_tree(args.before, work)))
         for round_ in range(args.rounds):
             for items in [int(n) for n in args.items.split(",")]:
                 result = measure_bare(args, work, items)

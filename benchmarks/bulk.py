@@ -24,14 +24,13 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import save
+from benchmarks import commit_of, save
 from benchmarks.core import machine
 from benchmarks.measure import run_ceiling
 from benchmarks.payloads import Payload
@@ -112,11 +111,6 @@ def funnel_from(checkout: Path, work: Path) -> Path:
     tree.mkdir()
     (tree / "funnel").symlink_to(checkout.resolve(), target_is_directory=True)
     return tree
-
-
-def commit_of(checkout: Path) -> str:
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or checkout.name
 
 
 if __name__ == "__main__":

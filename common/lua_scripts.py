@@ -9,6 +9,7 @@ always runs one self-contained script. The files ship in the package (pyproject'
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import threading
 import weakref
@@ -47,22 +48,26 @@ class Runner:
     """A script a thread runs again and again (a worker's take and reply): EVALSHA on that thread's
     own line (common/line.py), whose round trip costs about half the client CPU of redis-py's
     call (docs/performance.md); on a Redis Cluster, redis-py's Script, whose client finds the
-    keys' node. Loaded again when Redis answers NOSCRIPT (restarted, or flushed); a round trip
-    whose connection fails is sent again once (the client's retry), so the script must bear
-    running twice."""
+    keys' node. Where Redis answers NOSCRIPT (restarted, or flushed), loaded and run again in one
+    round trip; a round trip whose connection fails is sent again once (the client's retry), so
+    the script must bear running twice."""
 
     def __init__(self, client: redis.Redis, name: str):
-        self.script = register(client, name)
-        self.line = None if on_cluster(client) else Line(client)
+        self.source = source(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()  # as Redis names it
+        # On one Redis the runner holds a line (its client's pool), never the client itself: the
+        # cache below forgets it with its client.
+        self.script = register(client, name) if on_cluster(client) else None
+        self.line = Line(client) if self.script is None else None
 
     def __call__(self, keys: list, args: list):
-        if self.line is None:
+        if self.script is not None:
             return self.script(keys=keys, args=args)
-        command = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        assert self.line is not None
         answer = self.line.exchange([command])[0]
         if isinstance(answer, NoScriptError):
-            self.script.registered_client.script_load(self.script.script)
-            answer = self.line.exchange([command])[0]
+            answer = self.line.exchange([("SCRIPT", "LOAD", self.source), command])[1]
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -74,7 +79,7 @@ _runners_lock = threading.Lock()
 
 def runner(client: redis.Redis, name: str) -> Runner:
     """The client's Runner of the script, made at the first call (a worker takes and answers every
-    batch with one)."""
+    batch with one): one line per thread and client, however often it is asked for."""
     with _runners_lock:
         made = _runners.setdefault(client, {})
         if name not in made:

@@ -94,3 +94,18 @@ def test_a_runner_runs_its_script_on_its_thread_line_and_loads_it_again_after_a_
     assert take(["funnel:inflight:{m}:w1", "funnel:gone:{m}", *lanes], args)[1] == [b"job-3"]
     with pytest.raises(redis.ResponseError):
         take(["funnel:inflight:{m}:w1", "funnel:gone:{m}", *lanes], ["not a number"])
+
+
+def test_a_runner_is_forgotten_with_its_client(redis_server):
+    """The runners' cache holds clients weakly, and a runner holds its client's pool, not the
+    client: a client dropped takes its runners (and their lines) with it."""
+    import gc
+    import weakref
+
+    client = redis.Redis.from_url(redis_server.url)
+    made = weakref.ref(lua_scripts.runner(client, "reply"))
+    gone = weakref.ref(client)
+    client.close()
+    del client
+    gc.collect()
+    assert gone() is None and made() is None
