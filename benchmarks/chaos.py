@@ -202,6 +202,7 @@ class Result:
     clients_ended: bool = True
     notes: list[str] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)  # role -> times its process was replaced
+    log_dir: Path | None = None  # the processes' logs
 
     # -- interactive requests -------------------------------------------------------------------
 
@@ -247,7 +248,13 @@ class Result:
 
     @property
     def lost(self) -> set[str]:
-        return self.ledger.lost - self.dead_lettered
+        return self.ledger.lost - self.dead_lettered - self.unrecorded
+
+    @property
+    def unrecorded(self) -> set[str]:
+        """Jobs whose worker was killed as it answered them, before it could write the ledger."""
+        killed = {e.pid: e.started for e in self.events if e.kind == "worker-kill" and e.pid}
+        return self.ledger.unrecorded(killed)
 
     @property
     def interactive_twice(self) -> list[str]:
@@ -280,9 +287,22 @@ class Result:
         return dict(collections.Counter(self.cause(job_id) for job_id in job_ids))
 
     def unexplained_twice(self) -> list[str]:
-        """Jobs answered twice that neither a pause (a known double answer: README, the soak's
-        findings) nor a primary kill's replication window (the failure contract's caveat) explains."""
-        return [j for j in self.ledger.answered_twice if self.cause(j) not in ("pause", "redis-kill")]
+        """Jobs answered twice that a primary kill's replication window (the failure contract's
+        caveat) does not explain."""
+        return [j for j in self.ledger.answered_twice if self.cause(j) != "redis-kill"]
+
+    def evidence(self, job_ids, limit: int = 20) -> str:
+        """What the ledger says of each job (queued, answered by which pid and when, dropped) and the
+        processes' log lines naming it, for a failed check to show while the logs are at hand."""
+        lines = []
+        for job_id in sorted(job_ids)[:limit]:
+            book = self.ledger
+            lines.append(f"{job_id}: queued {book.queued.get(job_id)} answered {book.answered_by.get(job_id, [])} "
+                         f"expired {book.expired.get(job_id)} left {book.left.get(job_id)} cause {self.cause(job_id)}")
+            for path in sorted(self.log_dir.glob("*.log")) if self.log_dir else []:
+                lines += [f"  {path.name}: {line[:300]}" for line in path.read_text(errors="replace").splitlines()
+                          if job_id.split("-")[0] in line][:5]
+        return "\n".join(lines)
 
     # -- bulk jobs -------------------------------------------------------------------------------
 
@@ -299,9 +319,12 @@ class Result:
         """(invariant, held, figures) for the report and the test."""
         slowest = self.slowest
         lost = self.lost
+        unrecorded = f"; {len(self.unrecorded)} answered as their worker was killed, unrecorded" \
+            if self.unrecorded else ""
         out = [
             ("no acknowledged job lost", not lost,
-             f"{len(self.ledger.queued)} acknowledged, {len(lost)} lost {self.attribute(lost) if lost else ''}"),
+             f"{len(self.ledger.queued)} acknowledged, {len(lost)} lost {self.attribute(lost) if lost else ''}"
+             f"{unrecorded}"),
             ("none answered twice", not self.ledger.answered_twice,
              f"{len(self.interactive_twice)} interactive, {len(self.bulk_twice)} bulk items "
              f"{self.attribute(self.ledger.answered_twice) if self.ledger.answered_twice else ''}"),
@@ -644,7 +667,7 @@ class Soak:
         return Result("cluster" if self.cluster else "sentinel", self.seed, self.duration_s, self.events,
                       traffic.requests, traffic.jobs, ledgers.read(self.ledger_dir), before, after, dead,
                       drained_s=drained, clients_ended=ended, notes=notes,
-                      restarts=dict(self.restarts))
+                      restarts=dict(self.restarts), log_dir=self.log_dir)
 
 
 def _duplicates(soak: Soak, jobs: list[BulkJob]) -> None:

@@ -30,6 +30,7 @@ class Ledger:
     answered: collections.Counter = field(default_factory=collections.Counter)  # job id -> answers acknowledged
     answered_at: dict[str, list[float]] = field(default_factory=dict)
     answered_by: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # job id -> (pid, when)
+    answering: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # job id -> (pid, when) about to
     expired: dict[str, float] = field(default_factory=dict)  # taken past its deadline, dropped unrun
     left: dict[str, float] = field(default_factory=dict)  # taken after its client left, dropped unrun
 
@@ -37,6 +38,15 @@ class Ledger:
     def lost(self) -> set[str]:
         """Jobs Redis acknowledged that no worker answered, nor dropped as expired or left."""
         return set(self.queued) - set(self.answered) - set(self.expired) - set(self.left)
+
+    def unrecorded(self, killed: dict[int, float], within_s: float = 1.0) -> set[str]:
+        """Jobs lost by the ledger alone: a worker was about to answer them and was killed (pid ->
+        when) within within_s, before it could record the answer that Redis may have acknowledged;
+        had the answer not gone, its jobs would have stayed in its in-flight list and been answered
+        by the peer that recovered them."""
+        return {job_id for job_id in self.lost
+                if any(pid in killed and 0 <= killed[pid] - at <= within_s
+                       for pid, at in self.answering.get(job_id, []))}
 
     @property
     def answered_twice(self) -> list[str]:
@@ -54,6 +64,8 @@ def read(folder: Path) -> Ledger:
             at = float(stamp) if stamp else 0.0
             if kind == "queued":
                 ledger.queued[job_id] = at
+            elif kind == "answering":
+                ledger.answering.setdefault(job_id, []).append((int(pid) if pid.isdigit() else 0, at))
             elif kind == "answered":
                 ledger.answered[job_id] += 1
                 ledger.answered_at.setdefault(job_id, []).append(at)

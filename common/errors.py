@@ -60,6 +60,15 @@ class NotReplicated(Unavailable):
     code, retry_after = "not_replicated", 1
 
 
+class NoWorker(Unavailable):
+    """No live worker serves the model version; a worker starting loads its model in a few seconds."""
+
+    code, retry_after = "no_worker", 5
+
+    def __init__(self, model: str, version: int):
+        super().__init__(f"no live worker serves {model} version {version}; retry when one has started")
+
+
 class Timeout(FunnelError):
     status, code = 504, "timeout"
 

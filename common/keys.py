@@ -31,7 +31,7 @@ On a cluster a job's slot is not its model's: a worker stores a bulk item's
 result (common/jobs.py) before, not inside, the reply script that forgets the
 message, and the record goes in a step before the items are queued
 (common/job_store.py). Keys read only by single-key commands or scripts of one
-key (funnel:workers, funnel:device-claims, the due webhooks funnel:webhooks)
+key (funnel:workers, funnel:epoch, funnel:device-claims, the due webhooks funnel:webhooks)
 carry no tag (docs/redis.md, "Redis Cluster").
 """
 
@@ -100,6 +100,11 @@ class Keys:
         """List of msgpack jobs that are items of async and bulk jobs for one version of a model:
         taken after that version's interactive queue."""
         return f"{self.prefix}:bulk:{tag(model)}:{check_version(version)}"
+
+    def taken_from(self, model: str, version: int = 1) -> list[str]:
+        """Every list a worker of the model version takes jobs from, in the order it serves them: the
+        priority lanes, high first, then the bulk queue (what an autoscaler watches: deploy/k8s/)."""
+        return [*(self.queue(model, version, lane) for lane in LANES), self.bulk(model, version)]
 
     def traffic(self, model: str) -> str:
         """Hash: version -> weight, the model's traffic policy (common/traffic.py, the one home
@@ -190,6 +195,13 @@ class Keys:
     def dead(self, model: str) -> str:
         """Jobs that could not be decoded or answered."""
         return f"{self.prefix}:dead:{tag(model)}"
+
+    def epoch(self) -> str:
+        """String: a random token, set by a worker's heartbeat that finds it missing, never expiring: a
+        new one (or none) tells the web tier that Redis lost its data (restarted empty, or failed over to a
+        replica that never had it), so an empty registry may be workers yet to beat again
+        (common/registry.py's epoch)."""
+        return f"{self.prefix}:epoch"
 
     def device_claims(self) -> str:
         """Sorted set of recent FUNNEL_DEVICE=auto choices, "<device> <worker id>" scored by expiry (ms)."""

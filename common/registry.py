@@ -13,6 +13,7 @@ the functions below, so the field names live here and nowhere else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ from funnel.common.keys import Keys
 from funnel.common.priority import LANES
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
-INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "pid", "host",
+INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "wire", "pid", "host",
                "started", "seen")
 
 # Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
@@ -61,7 +62,10 @@ def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str
     listed without a hash it looks dead until the next beat, and recovery finds nothing to move."""
     model = str(fields["model"])
     key = keys.worker(model, worker_id)
-    client.hset(keys.workers(), worker_id, model)
+    listing = client.pipeline(transaction=False)  # two keys, two slots on a cluster
+    listing.hset(keys.workers(), worker_id, model)
+    listing.set(keys.epoch(), os.urandom(8).hex(), nx=True)  # a Redis that lost its data gets a new one
+    listing.execute()
     pipe = client.pipeline(transaction=True)
     pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
     pipe.pexpire(key, int(ttl_s * 1000))
@@ -105,6 +109,15 @@ def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
             for worker_id, info in zip(ids, found) if info]
 
 
+def epoch(client: redis.Redis, keys: Keys) -> str:
+    """The registry's epoch (`funnel:epoch`; "" while none is set), which the workers set when it is
+    missing (publish): it changes only when Redis loses its data, so a reader that sees it change
+    knows live workers may be missing from the registry until their next heartbeat, where with the
+    same epoch a worker absent is gone."""
+    found = client.get(keys.epoch())
+    return found.decode() if isinstance(found, bytes) else ""
+
+
 def version_of(worker: Mapping[str, str]) -> int:
     """The model version a worker serves, from its hash: 1 when the field is absent (a worker from
     before versions); 0 when it is not a positive integer (a hash written by hand)."""
@@ -118,6 +131,13 @@ def version_of(worker: Mapping[str, str]) -> int:
 def versions_live(workers: Iterable[Mapping[str, str]], model: str) -> set[int]:
     """The versions of `model` with at least one live worker, from live_workers()."""
     return {v for w in workers if w.get("model") == model and (v := version_of(w))}
+
+
+def job_format(worker: Mapping[str, str]) -> int:
+    """The newest job format a worker reads (common/wire.py's JOB_FORMAT; `wire`, absent from the
+    hashes of workers from before it: 1, one item a job, as every release reads)."""
+    found = worker.get("wire", "1")
+    return int(found) if found.isdigit() and int(found) >= 1 else 1
 
 
 def takes_lanes(worker: Mapping[str, str]) -> bool:

@@ -27,6 +27,11 @@ import msgpack
 import numpy as np
 
 VERSION = 1
+# The newest job format a worker reads (it reads every older one), which it publishes in the
+# registry (`wire`, common/registry.py): 1, one item a job (`inputs`); 2, a job of several items
+# (`items`, `n`). The web tier makes a model version's jobs in the oldest format its live workers
+# read, so a web tier and the workers of the release before or after it serve side by side.
+JOB_FORMAT = 2
 MAX_JOB_ITEMS = 0xFFFF  # the count is a msgpack fixint, uint8 or uint16: what take.lua reads
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_TENSOR_DIMS = 8

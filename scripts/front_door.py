@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -113,7 +114,18 @@ class FrontDoor:
             if time.monotonic() > deadline:
                 raise TimeoutError("nginx did not start")
             time.sleep(0.02)
+        while not self._listening():  # its pid file may come before its workers accept
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nginx does not accept on port {self.port}: {self.error_log()}")
+            time.sleep(0.02)
         return self
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection((self.host, self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
     def restart(self, timeout_s: float = 60.0) -> None:
         """A new nginx process in place of this one, the old one quitting gracefully (SIGQUIT: it

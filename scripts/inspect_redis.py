@@ -131,7 +131,8 @@ def summary(client: redis.Redis, keys: Keys) -> str:
         seen = time.time() - float(info.get("seen", 0))
         totals = " ".join(f"{name} {registry.counter(info, name):g}" for name in ("batches", "items", "errors"))
         lines.append(f"  {worker_id}: {info.get('model')} {info.get('backend')} {info.get('device')} "
-                     f"batch {info.get('batch_size')} | version {registry.version_of(info)} | {totals} "
+                     f"batch {info.get('batch_size')} | version {registry.version_of(info)} | speaks wire "
+                     f"{registry.job_format(info)}{', lanes' if registry.takes_lanes(info) else ''} | {totals} "
                      f"| seen {seen:.1f} s ago")
     return "\n".join(lines)
 

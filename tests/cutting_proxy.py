@@ -1,5 +1,6 @@
 """A TCP proxy to a real Redis that loses one answer: a command run, its answer never arriving,
-as when Redis or the network dies mid-reply (what a client's retry must not turn into a second run)."""
+as when Redis or the network dies mid-reply (what a client's retry must not turn into a second run);
+or that is down a while, as Redis is through a failover, for its clients alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class CuttingProxy:
         self.after: bytes | None = None
         self._sent = threading.Event()  # the client has sent `after`: cut the next answer
         self.cuts = 0
+        self.down = threading.Event()  # every connection closed, new ones closed at once, until up()
+        self._open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, after: bytes | None = None) -> None:
@@ -28,12 +31,25 @@ class CuttingProxy:
         self._sent.clear()
         self.armed.set()
 
+    def go_down(self) -> None:
+        self.down.set()
+        for end in list(self._open):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def up(self) -> None:
+        self.down.clear()
+
     def _accept(self) -> None:
         while True:
             try:
                 downstream, _ = self.listener.accept()
             except OSError:  # closed
                 return
+            if self.down.is_set():
+                downstream.close()
+                continue
+            self._open.append(downstream)
             upstream = socket.create_connection(("127.0.0.1", self.redis_port))
             threading.Thread(target=self._pump, args=(downstream, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, downstream, True), daemon=True).start()

@@ -45,6 +45,7 @@ from funnel.common.errors import (
     FunnelError,
     NotFound,
     NotReplicated,
+    NoWorker,
     Overloaded,
     TooManyRequests,
     Unavailable,
@@ -56,10 +57,9 @@ from funnel.common.wire import Job, Reply, encode_job, now_ms
 from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
 from funnel.web.queueing import limits, push_script
-from funnel.web.queueing.inbox import Inbox
+from funnel.web.queueing.inbox import Inbox, Waiter
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.queueing.shedding import (
-    NO_WORKER_RETRY_AFTER_S,
     Calibration,
     Capacity,
     JobSizes,
@@ -310,7 +310,7 @@ class Pipeline:
         """
         capacity = self._capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
-        size = capacity.batch_size if capacity.workers else len(inputs)  # a job a worker runs in one go
+        size = job_size(capacity, len(inputs))
         parts = [inputs[start:start + size] for start in range(0, len(inputs), size)]
         ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
@@ -339,8 +339,11 @@ class Pipeline:
             ahead, pushed_ms = (rest[0] if rest else -1), now_ms()
             if trace:
                 trace.step("wait")
+            if not capacity.workers and not self.settings.hold_without_workers:
+                await self._await_a_worker(waiter, model, version, deadline)
             replies = await self.inbox.collect(waiter, ids, deadline)
-        except NotReplicated:  # queued where a failover may lose it, and refused: no worker may run it
+        except (NotReplicated, NoWorker):  # queued, and refused (a failover may lose it; no worker came):
+            # no worker may run it
             self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
             pushed_ms = now_ms()  # its key's token was taken with the push: released below
             raise
@@ -360,6 +363,20 @@ class Pipeline:
                 self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
         metrics.replied(model, replies)
         return each_item(parts, replies, len(inputs))
+
+    async def _await_a_worker(self, waiter: Waiter, model: str, version: int, deadline: int) -> None:
+        """A request queued in the grace an emptied registry gets (WorkerView.grace_s) waits for
+        its answer that long at most, then is answered 503 unless a worker of its version has come."""
+        grace_s = min(self.workers.grace_s(model, version), max(0.0, (deadline - now_ms()) / 1000))
+        await asyncio.wait([waiter.future], timeout=grace_s)
+        if not waiter.future.done() and not self._capacity_or_none(model, version):
+            raise NoWorker(model, version)
+
+    def _capacity_or_none(self, model: str, version: int) -> tuple[str, ...]:
+        try:
+            return self.workers.capacity(model, version).workers
+        except redis.RedisError:
+            return ()
 
     def _unawaited_push(self, outbox: Outbox, keys: list[str], args: list) -> None:
         """A script's call sent with the loop's next round trip, its answer not awaited; a failure is
@@ -383,10 +400,8 @@ class Pipeline:
             capacity = self.workers.capacity(model, version)
         except redis.RedisError as exc:
             raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
-        if not capacity.workers and not settings.hold_without_workers \
-                and not self.workers.recently_served(model, version):
-            raise Unavailable(f"no live worker serves {model} version {version}; retry when one has started",
-                              code="no_worker", retry_after=NO_WORKER_RETRY_AFTER_S)
+        if not capacity.workers and not settings.hold_without_workers and not self.workers.grace_s(model, version):
+            raise NoWorker(model, version)
         return capacity
 
     @staticmethod
@@ -409,6 +424,14 @@ class Pipeline:
             raise Overloaded(f"the {model} queue would answer in about {wait_s:.1f} s, past this "
                              f"request's deadline of {timeout_s:g} s; retry later",
                              retry_after=retry_after_s(wait_s))
+
+
+def job_size(capacity: Capacity, n: int) -> int:
+    """Items a job holds: what a worker runs in one go, its batch; one while a worker of a release
+    that reads one item a job (common/wire.py's JOB_FORMAT 1) serves the model version."""
+    if not capacity.workers:
+        return n  # held for a worker to come: one job
+    return capacity.batch_size if capacity.job_format >= 2 else 1
 
 
 def _seconds(ms: int) -> int:

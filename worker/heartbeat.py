@@ -2,7 +2,10 @@
 
 A thread refreshes the key's TTL on its own clock, so a long batch never
 makes a live worker look dead, and on the same clock sweeps for dead peers
-whose jobs need recovering.
+whose jobs need recovering. Only once its own beats have reached Redis on
+time for a whole TTL: an outage it saw (a Sentinel failover, a restart) its
+peers saw too, and their hashes may have expired meanwhile, while they live
+and beat again within a third of a TTL.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Heartbeat:
         self.recovery, self.ttl_s = recovery, ttl_s
         self.stats = Stats()
         self._stop = threading.Event()
+        self._steady_since = time.monotonic()  # since when every beat has reached Redis on time
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -46,12 +50,22 @@ class Heartbeat:
                          {**self.info, **self.stats.fields(), "seen": time.time()}, self.ttl_s)
 
     def _run(self) -> None:
+        beaten = time.monotonic()
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 self.beat()
-                self.stats.add(recovered=self.recovery.sweep())
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
+                continue
+            now = time.monotonic()
+            if now - beaten > self.ttl_s / 2:  # late (Redis failed, or answered slowly): the peers were too
+                self._steady_since = now
+            beaten = now
+            if now - self._steady_since >= self.ttl_s:
+                try:
+                    self.stats.add(recovered=self.recovery.sweep())
+                except redis.RedisError as exc:
+                    log.warning("recovery sweep failed: %s", exc)
 
     def stop(self) -> None:
         """Stop beating and deregister; jobs still held stay registered for recovery."""

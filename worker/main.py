@@ -22,6 +22,7 @@ from funnel.common import logs, tasks, tracing
 from funnel.common.connection import connect, on_cluster
 from funnel.common.keys import Keys
 from funnel.common.store import load_spec
+from funnel.common.wire import JOB_FORMAT
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
@@ -56,7 +57,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
         "model": spec.name, "version": version, "backend": settings.backend, "device": device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms, "lanes": 1},
+        "batch_size": batch_size, "linger_ms": settings.linger_ms, "lanes": 1,
+        "wire": JOB_FORMAT},
         recovery, settings.heartbeat_ttl_s)
     steps = Steps(settings, spec.name, version, task, model, client, keys,
                   JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),

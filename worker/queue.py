@@ -41,7 +41,7 @@ from funnel.common import lua_scripts
 from funnel.common.jobs import drop_stopped
 from funnel.common.keys import Keys
 from funnel.common.priority import LANES
-from funnel.common.wire import item_count
+from funnel.common.wire import item_count, peek_job
 from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
 from funnel.worker.linger import Linger
 
@@ -53,7 +53,7 @@ class JobQueue:
     def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25,
                  version: int = 1):
         self.client, self.keys = client, keys
-        self.lanes = [*(keys.queue(model, version, lane) for lane in LANES), keys.bulk(model, version)]
+        self.lanes = keys.taken_from(model, version)
         self.shares = Shares([0.0, NORMAL_FLOOR, LOW_FLOOR, bulk_share])
         self.inflight = keys.inflight(model, worker_id)
         self.gone = keys.gone(model)
@@ -82,7 +82,7 @@ class JobQueue:
                 return []
             leftovers: list[bytes] = self.client.lrange(self.inflight, 0, -1)  # type: ignore[assignment]
             if leftovers:
-                jobs = self._handed_out(leftovers[::-1])  # LPUSHed, so oldest last
+                jobs = self._handed_out(self._drop_gone(leftovers[::-1]))  # LPUSHed, so oldest last
                 self._maybe_leftovers = False
                 return jobs
         self._maybe_leftovers = True  # until this take completes
@@ -105,6 +105,23 @@ class JobQueue:
         with self._forgotten:
             return self._forgotten.wait_for(lambda: self._held == 0, timeout=timeout_s)
 
+    def _drop_gone(self, raws: list[bytes]) -> list[bytes]:
+        """Leftovers less the jobs whose client has left (marked gone), dropped from the in-flight
+        list unrun as the take script drops those it moves."""
+        ids = [peek_job(raw).get("id", "") for raw in raws]
+        marks = self.client.zmscore(self.gone, ids) if any(ids) else []
+        gone = [(raw, job_id) for raw, job_id, mark in zip(raws, ids, marks) if job_id and mark is not None]
+        if not gone:
+            return raws
+        pipe = self.client.pipeline(transaction=False)
+        for raw, job_id in gone:
+            pipe.lrem(self.inflight, -1, raw)  # type: ignore[arg-type]  # bytes: as taken
+            pipe.zrem(self.gone, job_id)
+        pipe.execute()
+        self.left += len(left_unrun([job_id.encode() for _, job_id in gone]))
+        dropped = {raw for raw, _ in gone}
+        return [raw for raw in raws if raw not in dropped]
+
     def _handed_out(self, raws: list[bytes]) -> list[bytes]:
         """Drop the items of cancelled or expired jobs, forgetting them at once (nothing will answer
         them); count the rest as held until forget()."""
@@ -121,35 +138,46 @@ class JobQueue:
             self._held += len(kept)
         return kept
 
-    def _fill(self, count: int, places: list[int], caps: list[int], counts: list[int]) -> list[bytes]:
+    def _fill(self, count: int, places: list[int], caps: list[int], counts: list[int],
+              newest: bool = False) -> tuple[list[bytes], list[bytes]]:
         """Jobs of up to count items, each lane kept its places left and held to its cap left; counts,
-        the batch's items from each lane so far, grows by what this took."""
-        args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts))]
+        the batch's items from each lane so far, grows by what this took. newest: the in-flight list's
+        newest job (BLMOVE's) is checked against the gone set first. Also the ids of the jobs dropped
+        unrun, their clients gone."""
+        args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts)),
+                int(newest)]
         taken, jobs, left, self._inflight_length = self._take_more([self.inflight, self.gone, *self.lanes], args)
         self.left += len(left_unrun(left))
         for i, n in enumerate(taken):
             counts[i] += n
         if any(taken[:-1]):
             self._interactive_at = time.monotonic()
-        return jobs
+        return jobs, left
 
     def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
         places = self.shares.reserve(batch_size)
         busy = time.monotonic() - self._interactive_at < INTERACTIVE_RECENT_S
         caps = [batch_size] * len(LANES) + [max(1, places[-1]) if busy else batch_size]  # bulk's, last
         counts = [0] * len(self.lanes)
-        jobs = self._fill(batch_size, places, caps, counts)  # whatever is queued now
+        jobs, _ = self._fill(batch_size, places, caps, counts)  # whatever is queued now
         if not jobs:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
             first = self.client.blmove(self.lanes[1], self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
             if first is None:
                 return []
-            jobs = [first]  # type: ignore[list-item]  # bytes: the client does not decode
-            counts[1] += item_count(first)  # type: ignore[arg-type]
             self._interactive_at = time.monotonic()
+            # Its client may have left while it waited: the next take script checks it, as it checks
+            # the jobs it moves itself (and takes whatever came meanwhile).
+            counts[1] += item_count(first)  # type: ignore[arg-type]
+            more, left = self._fill(max(0, batch_size - sum(counts)), places, caps, counts, newest=True)
+            if peek_job(first).get("id", "").encode() in left:
+                counts[1] -= item_count(first)  # type: ignore[arg-type]
+                jobs = more
+            else:
+                jobs = [first, *more]  # type: ignore[list-item]  # bytes: the client does not decode
         started = time.monotonic()
-        while sum(counts) < batch_size:
-            jobs += self._fill(batch_size - sum(counts), places, caps, counts)
+        while 0 < sum(counts) < batch_size:
+            jobs += self._fill(batch_size - sum(counts), places, caps, counts)[0]
             items = sum(counts)
             remaining = linger.budget_s(items, batch_size) - (time.monotonic() - started)
             if items >= batch_size or remaining <= 0:

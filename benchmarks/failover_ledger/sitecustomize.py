@@ -12,6 +12,9 @@ nothing else:
   push of a request's jobs: `queued-<pid>` gets their ids;
 - worker: reply.answer, once its transaction has been acknowledged:
   `answered-<pid>` gets the ids it answered (bulk items' too, `<job>-<index>`);
+  before it, `answering-<pid>` gets the ids of the replies it is about to
+  send, so that a worker killed between Redis's acknowledgement and its own
+  record is told from a job lost (benchmarks/ledger.py, `unrecorded`);
 - worker: batch.decode, which sorts out the jobs taken past their deadline:
   `expired-<pid>` gets the ids it dropped unrun (their clients had a 504);
 - worker: queue.left_unrun, the ids of the jobs a take dropped because their
@@ -55,6 +58,7 @@ def _worker(reply) -> None:
 
     @functools.wraps(answer)
     def recorded(client, keys, worker_id, model, replies, *args, **kwargs):
+        _record("answering", [reply.id for _, reply in replies])
         answered = answer(client, keys, worker_id, model, replies, *args, **kwargs)
         _record("answered", answered)  # only those still in flight are answered
         return answered
@@ -119,7 +123,10 @@ class _PatchOnImport:
 
                 def run_and_patch(module, run=run):
                     run(module)
-                    PATCHES[name](module)
+                    try:
+                        PATCHES[name](module)
+                    except AttributeError:  # a release without that function: nothing of it to record
+                        pass
 
                 spec.loader.exec_module = run_and_patch  # type: ignore[method-assign]
                 return spec

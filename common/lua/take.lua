@@ -20,6 +20,8 @@
 -- ARGV[1]     how many items to take at most
 -- ARGV[2..]   for each lane of KEYS[3..] in turn: the places (items) kept for it, taken first
 -- ARGV[2+L..] for each lane in turn: how many items it may take at most (L: the number of lanes)
+-- ARGV[2+2L]  1 to check the newest job of the in-flight list first, the one an idle worker's BLMOVE
+--             moved there (worker/queue.py): marked gone, it is dropped as a job taken here would be
 -- Returns     {{items taken from each lane}, {every job taken, wire bytes, oldest of each lane first},
 --             {the ids of the jobs dropped, their clients gone}, the in-flight list's length after}
 local lanes = #KEYS - 2
@@ -66,6 +68,14 @@ local function take(lane, count)
       taken[#taken + 1] = job
       counts[lane], items, count = counts[lane] + n, items + n, count - n
     end
+  end
+end
+if marked and ARGV[2 + 2 * lanes] == '1' then
+  local _, id = head_of(redis.call('LINDEX', KEYS[1], 0) or '')
+  if id and redis.call('ZSCORE', KEYS[2], id) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('LPOP', KEYS[1])
+    left[1] = id
   end
 end
 for lane = 1, lanes do counts[lane] = 0 end

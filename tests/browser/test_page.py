@@ -11,6 +11,8 @@ import re
 import shutil
 
 import pytest
+from playwright import sync_api
+from playwright.sync_api import expect
 
 from funnel.scripts.stack import Stack
 
@@ -18,9 +20,6 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("Chromium is not installed: apt-get install chromium (requirements/apt-browser.txt)",
                 allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright is not installed: pip install -r requirements/test-browser.txt")
-expect = sync_api.expect
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]

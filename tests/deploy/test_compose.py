@@ -442,7 +442,7 @@ def test_compose_services_serve_as_local_processes(name, model_store, cat_jpeg, 
         assert served == text_workers
 
         # The gRPC service, through tritonclient's gRPC client as a user calls it.
-        grpcclient = pytest.importorskip("tritonclient.grpc")
+        import tritonclient.grpc as grpcclient
         wait_for(lambda: port_open(grpc_port), 60, 0.1, "the gRPC service listening", check=processes.check_alive)
         with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as triton:
             sentence = grpcclient.InferInput("TEXT", [1], "BYTES")

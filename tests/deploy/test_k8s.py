@@ -14,15 +14,15 @@ import shutil
 import subprocess
 
 import jsonschema
+import kubernetes_validate
 import pytest
+import redis
 import yaml
 
 from funnel.common.keys import Keys
 from funnel.common.store import list_models
+from funnel.worker.settings import model_and_version
 from tests.deploy.support import K8S, k8s_documents, setting_names, target_stage
-
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate is not installed (requirements/test-deploy.txt)")
 
 KUBERNETES_VERSIONS = ["1.29", "1.37"]  # the oldest and newest this is meant for
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
@@ -62,8 +62,9 @@ def workers() -> dict[str, dict]:
             if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"}
 
 
-def model_of(deployment: dict) -> str:
-    return env_of(containers(deployment)[0])["FUNNEL_MODEL"]["value"]
+def model_of(deployment: dict) -> tuple[str, int | None]:
+    """The model and version a worker Deployment serves (FUNNEL_MODEL, NAME or NAME:N)."""
+    return model_and_version(env_of(containers(deployment)[0])["FUNNEL_MODEL"]["value"])
 
 
 # ---------------------------------------------------------------------------
@@ -240,8 +241,8 @@ def test_sentinel_scalers_replace_the_default_ones_trigger_for_trigger():
         default = defaults[name]
         assert {k: v for k, v in doc["spec"].items() if k != "triggers"} == \
             {k: v for k, v in default["spec"].items() if k != "triggers"}
-        (mine,), (theirs,) = doc["spec"]["triggers"], default["spec"]["triggers"]
-        assert mine["metadata"] == theirs["metadata"], name
+        for mine, theirs in zip(doc["spec"]["triggers"], default["spec"]["triggers"], strict=True):
+            assert mine["metadata"] == theirs["metadata"], name
 
 
 def test_the_secret_examples_sentinel_url_matches_its_keda_keys():
@@ -287,8 +288,8 @@ def test_cluster_scalers_replace_the_default_ones_trigger_for_trigger():
         default = defaults[name]
         assert {k: v for k, v in doc["spec"].items() if k != "triggers"} == \
             {k: v for k, v in default["spec"].items() if k != "triggers"}
-        (mine,), (theirs,) = doc["spec"]["triggers"], default["spec"]["triggers"]
-        assert mine["metadata"] == {k: v for k, v in theirs["metadata"].items() if k != "databaseIndex"}, name
+        for mine, theirs in zip(doc["spec"]["triggers"], default["spec"]["triggers"], strict=True):
+            assert mine["metadata"] == {k: v for k, v in theirs["metadata"].items() if k != "databaseIndex"}, name
 
 
 def test_the_secret_examples_cluster_url_matches_its_keda_keys():
@@ -308,22 +309,55 @@ def test_the_secret_examples_cluster_url_matches_its_keda_keys():
 
 def test_one_worker_deployment_and_scaler_per_model(model_store):
     models = set(list_models(str(model_store)))
-    deployed = {model_of(d): name for name, d in workers().items()}
+    deployed = {model_of(d)[0]: name for name, d in workers().items()}
     assert set(deployed) == models
     targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind("ScaledObject").values()}
     assert targets == set(deployed.values())
 
 
-def test_keda_list_names_are_the_queue_keys(model_store):
-    deployments = workers()
-    for doc in of_kind("ScaledObject").values():
-        deployment = deployments[doc["spec"]["scaleTargetRef"]["name"]]
-        env = env_of(containers(deployment)[0])
-        prefix = env["FUNNEL_PREFIX"]["value"] if "FUNNEL_PREFIX" in env else Keys().prefix
-        model = model_of(deployment)
-        assert model in list_models(str(model_store))
-        for trigger in doc["spec"]["triggers"]:
-            assert trigger["metadata"]["listName"] == Keys(prefix).queue(model)
+def scaled_lists(scaled: dict) -> tuple[list[str], list[str]]:
+    """What a ScaledObject's triggers watch, and every list its Deployment's workers take from."""
+    deployment = workers()[scaled["spec"]["scaleTargetRef"]["name"]]
+    env = env_of(containers(deployment)[0])
+    prefix = env["FUNNEL_PREFIX"]["value"] if "FUNNEL_PREFIX" in env else Keys().prefix
+    model, version = model_of(deployment)
+    assert version is not None, f"{model}: a worker Deployment pins its version, which its triggers name"
+    return [t["metadata"]["listName"] for t in scaled["spec"]["triggers"]], Keys(prefix).taken_from(model, version)
+
+
+def test_keda_triggers_watch_every_list_the_workers_take_from(model_store):
+    for name, doc in of_kind("ScaledObject").items():
+        watched, taken_from = scaled_lists(doc)
+        assert watched == taken_from, name
+
+
+def desired_replicas(client: redis.Redis, scaled: dict) -> tuple[int, bool]:
+    """What KEDA makes of a ScaledObject's redis triggers against this Redis: each trigger's metric is
+    LLEN of its list, the HPA wants ceil(metric / listLength) replicas of each and takes the largest
+    (within min and max); the Deployment is active (scaled up from zero) while any metric is over its
+    activationListLength (0 by default)."""
+    spec = scaled["spec"]
+    wanted, active = 0, False
+    for trigger in spec["triggers"]:
+        metric = client.llen(trigger["metadata"]["listName"])
+        wanted = max(wanted, -(-metric // int(trigger["metadata"]["listLength"])))
+        active = active or metric > int(trigger["metadata"].get("activationListLength", "0"))
+    return min(max(wanted, spec.get("minReplicaCount", 0)), spec["maxReplicaCount"]), active
+
+
+def test_a_backlog_in_any_list_scales_its_workers_and_wakes_them_from_zero(redis_client):
+    """Applied to a live Redis: a backlog of two replicas' worth in any one lane or the bulk queue,
+    and nothing elsewhere, asks for two replicas; one job there wakes a Deployment scaled to zero."""
+    for name, doc in of_kind("ScaledObject").items():
+        watched, taken_from = scaled_lists(doc)
+        for trigger, key in zip(doc["spec"]["triggers"], taken_from, strict=True):
+            redis_client.flushall()
+            assert desired_replicas(redis_client, doc) == (doc["spec"]["minReplicaCount"], False)
+            redis_client.lpush(key, b"job")
+            assert desired_replicas(redis_client, doc)[1], (name, key)
+            redis_client.lpush(key, *[b"job"] * (2 * int(trigger["metadata"]["listLength"]) - 1))
+            assert desired_replicas(redis_client, doc) == (2, True), (name, key)
+    redis_client.flushall()
 
 
 def test_every_funnel_variable_is_a_setting():

@@ -4,7 +4,8 @@ Redis behind Sentinel, two web tiers behind nginx, two workers per model; 75 s o
 (/v1 texts and images, /v2, bulk jobs, clients that hang up) while a worker is killed and one
 paused past its heartbeat, a web tier killed, the Redis primary killed and nginx restarted, each
 at a seeded moment. Then the soak's checks (benchmarks/chaos.py, Result.checks) must hold, with
-the two allowances the failure contract makes or the soak has found (see the asserts).
+the one allowance the failure contract makes, a primary kill's replication window (see the asserts).
+A failed check names each job it is about, with what the ledger and the processes' logs say of it.
 """
 
 import collections
@@ -18,7 +19,7 @@ from tests.faults.conftest import Outcome
 DURATION_S = 75.0
 SEED = 7
 CLIENTS = 4
-CLEAR = {200, 502, 503, 504}  # what a client may be answered while tiers die: 502/503 from nginx, 503/504 the web's
+CLEAR = {200, 503, 504}  # what a client may be answered while tiers die: 503 from nginx, 503/504 the web's
 
 
 @pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed")
@@ -49,12 +50,13 @@ def test_chaos_round(model_store, tmp_path, report):
     assert checks["no answer to the wrong request"][0], checks
     # No job Redis acknowledged was lost, but in a primary kill's replication window (asynchronous
     # replication: the failure contract's caveat), at most one per client there.
-    assert all(result.cause(j) == "redis-kill" for j in result.lost), (checks["no acknowledged job lost"], logs)
+    assert all(result.cause(j) == "redis-kill" for j in result.lost), (checks["no acknowledged job lost"],
+                                                                        result.evidence(result.lost), logs)
     assert len(result.lost) <= CLIENTS
-    # None answered twice, but those the same caveat explains and those of a paused worker: one
-    # paused past its heartbeat TTL has its jobs recovered and run by a peer, and answers them
-    # again once resumed (a known defect, reported by the soak; the client sees one answer).
-    assert not result.unexplained_twice(), (checks["none answered twice"], logs)
+    # None answered twice, but in that same window (the reply script forgets a job and answers it in
+    # one step, so a worker paused past its heartbeat, whose jobs a peer ran, answers none of them).
+    assert not result.unexplained_twice(), (checks["none answered twice"], result.evidence(
+        result.unexplained_twice()), logs)
     # Bulk jobs: each acknowledged one done, every result there and right (a second answer, of a
     # paused worker, is stored once: above).
     assert result.acknowledged_jobs and not result.incomplete_jobs, (checks["bulk jobs complete, every result once"],

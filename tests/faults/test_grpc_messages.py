@@ -14,15 +14,13 @@ import grpc
 import numpy as np
 import pytest
 import redis
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 from funnel.common.keys import Keys
 from funnel.common.wire import decode_job
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
 from tests.faults.conftest import wait_for
-
-pytest.importorskip("tritonclient.grpc")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 Request = service_pb2.ModelInferRequest

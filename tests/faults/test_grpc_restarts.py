@@ -16,8 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 import redis
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from funnel.common.connection import scan_keys
 from funnel.common.keys import Keys
@@ -32,9 +33,6 @@ from tests.faults.conftest import (
     texts,
     wait_for,
 )
-
-grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 RETRY_S = 0.2
 RETRIES = 150  # times RETRY_S: how long a caller keeps calling before the call counts as failed

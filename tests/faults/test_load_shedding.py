@@ -2,7 +2,7 @@
 
 First a model's capacity is measured with a closed loop and a long deadline;
 then requests arrive at four times that rate (open loop) for
-FUNNEL_SHED_TEST_S seconds (default 15; 60 for the numbers in the README),
+FUNNEL_SHED_TEST_S seconds (default 15; 60 for the figures in docs/failure-contract.md),
 each with its own deadline of 1, 2 or 3 s in X-Request-Timeout.
 
 Two models: a paced toy scorer (tests/third_party/toyscore's PacedScore, a

@@ -5,9 +5,9 @@ stack started the same way holds 1,000 connections open on 127.0.0.1, half
 stopped in the middle of their headers, half having sent 4 bytes of a
 100-byte body, and normal requests are still answered in about their usual
 time; nginx then closes the slow ones itself (client_header_timeout /
-client_body_timeout, 10 s). Without nginx, the asgi worker class (the
-default, web/asgi.py) holds the same 1,000 and an endless header, and cuts
-them off itself after as long.
+client_body_timeout, 10 s). Without nginx, each web process holds the same
+1,000 and an endless header as sockets on its event loop
+(web/transport/protocol.py), and cuts them off itself after as long.
 """
 
 from __future__ import annotations

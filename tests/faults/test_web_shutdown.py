@@ -1,4 +1,5 @@
-"""SIGTERM to the web tier: the requests it holds are still answered, then it exits (README, failure contract).
+"""SIGTERM to the web tier: the requests it holds are still answered, then it exits; a dead web tier
+behind nginx is a 503 with Retry-After (README, failure contract).
 
 With FUNNEL_HOLD_WITHOUT_WORKERS and no worker yet, eight requests wait in the
 web tier with their jobs queued; the web tier gets SIGTERM, and only then a
@@ -10,9 +11,12 @@ from __future__ import annotations
 import signal
 import threading
 
+import pytest
 import redis
 
 from funnel.common.keys import Keys
+from funnel.scripts.front_door import FrontDoor, nginx_binary
+from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
 from tests.conftest import http
 from tests.faults.conftest import wait_for
@@ -42,3 +46,15 @@ def test_sigterm_answers_the_requests_in_flight(model_store, tmp_path):
         assert sorted(answers) == list(range(IN_FLIGHT))
         assert all(status == 200 and len(body["embedding"]) == 384 for status, body, _ in answers.values()), answers
         assert stack.web.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed")
+def test_a_dead_web_tier_behind_nginx_is_503_with_retry_after():
+    door = FrontDoor(free_port(), free_port()).start()  # nothing listens on the upstream's port
+    try:
+        status, body, headers = http("POST", f"http://127.0.0.1:{door.port}/v1/models/{TEXT}/predict",
+                                     json_body={"text": "anyone there?"})
+    finally:
+        door.stop()
+    assert status == 503, (status, body)
+    assert body["error"]["code"] == "unavailable" and int(headers["Retry-After"]) >= 1

@@ -10,14 +10,13 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
 from tests.conftest import SENTENCES, http
-
-grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 KEY = "grpc-test-key"

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from funnel.scripts.stack import Stack
 from tests.conftest import SENTENCES, http, jpeg_bytes
-
-httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import openai  # noqa: E402
 import pytest
 
 from funnel.common import tasks
 from funnel.common.store import load_spec
 from funnel.scripts.stack import Stack
 from tests.conftest import SENTENCES, http
-
-openai = pytest.importorskip("openai")
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 KEY = "openai-test-key"

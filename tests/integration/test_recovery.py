@@ -105,3 +105,50 @@ def test_a_version_2_job_past_the_attempt_limit_is_answered_by_version_2(redis_c
     reply = wire.decode_reply(redis_client.lpop(f"funnel:reply:{{{MODEL}}}:job1"))
     assert reply.error["code"] == "too_many_attempts" and reply.version == 2
     assert [wire.decode_job(r).version for r in redis_client.lrange(keys.dead(MODEL), 0, -1)] == [2]  # per model
+
+
+def test_an_outage_longer_than_the_heartbeat_ttl_makes_no_live_worker_look_dead(redis_server, redis_client, keys):
+    """Redis unreachable for longer than the TTL (a slow failover): the hashes of live workers expire
+    meanwhile. A peer back from it sweeps only once it has beaten on time for a whole TTL, by when a
+    live worker has beaten again: its jobs stay in its hands, never run twice."""
+    import redis as redis_py
+
+    from funnel.worker.heartbeat import Heartbeat
+    from tests.cutting_proxy import CuttingProxy
+    from tests.faults.conftest import wait_for
+
+    ttl_s = 1.5
+    proxy = CuttingProxy(redis_server.port)
+    through = redis_py.Redis(port=proxy.port, socket_timeout=1, socket_connect_timeout=1)
+    peer = Heartbeat(through, keys, "peer", {"model": MODEL}, Recovery(through, keys, "peer", 3, 60), ttl_s=ttl_s)
+    peer.start()
+    try:
+        hold(redis_client, keys, "live", [job(1)])
+
+        def beat_live() -> None:  # what the live worker's own heartbeat does
+            redis_client.set(keys.worker(MODEL, "live"), "{}", px=int(ttl_s * 1000))
+
+        def seen() -> float:
+            return float(redis_client.hget(keys.worker(MODEL, "peer"), "seen") or 0)
+
+        def next_beat() -> None:
+            beat_live()
+            last = seen()
+            wait_for(lambda: seen() > last, timeout_s=5, what="the peer's next beat")
+
+        # Steady: the live worker beats every third of a TTL, and the peer leaves it alone.
+        for _ in range(4):
+            next_beat()
+        proxy.go_down()  # both lose Redis: the live worker stops beating too
+        wait_for(lambda: not redis_client.exists(keys.worker(MODEL, "live"), keys.worker(MODEL, "peer")),
+                 timeout_s=10, what="both hashes expired")
+        proxy.up()
+        wait_for(lambda: seen() > 0, timeout_s=10, what="the peer beating again")
+        beat_live()  # the live worker's first beat after the outage, within a third of a TTL of the peer's
+        for _ in range(4):  # a TTL and more of the peer's beats (and sweeps)
+            next_beat()
+        assert redis_client.llen(keys.inflight(MODEL, "live")) == 1
+        assert redis_client.llen(keys.queue(MODEL)) == 0 and peer.stats.fields().get("recovered", 0) in (0, "0")
+    finally:
+        peer.stop()
+        proxy.close()

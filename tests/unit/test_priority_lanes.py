@@ -3,6 +3,8 @@ the lanes with floor shares, and how the names clients send are read."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -190,6 +192,36 @@ def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(red
     assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-3"] and queue.left == 2
     assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken  # the dropped are not held
     assert redis_client.zrange(keys.gone(MODEL), 0, -1) == [b"elsewhere"]  # their marks forgotten
+
+
+def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_client_left(redis_client, keys):
+    """The jobs the take script does not move itself: the one an idle worker's BLMOVE takes, and
+    those left in its in-flight list from before a restart, are checked against the gone set too."""
+    import threading
+
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue.take(4, Linger(0), 0.01)  # no leftovers: the next take blocks
+    taken: list = []
+    waiting = threading.Thread(target=lambda: taken.extend(queue.take(4, Linger(0), 5.0)))
+    waiting.start()
+    deadline = time.monotonic() + 5
+    while not any("blmove" in c.get("cmd", "") for c in redis_client.client_list()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the worker blocks
+    marked = redis_client.pipeline(transaction=True)  # the job and its mark reach the blocked worker at once
+    marked.lpush(keys.queue(MODEL), job("normal", 0))
+    marked.zadd(keys.gone(MODEL), {"normal-0": now_ms() + 60_000})
+    marked.execute()
+    waiting.join(10)
+    assert taken == [] and queue.left == 1
+    assert redis_client.llen(keys.inflight(MODEL, "w1")) == 0 and redis_client.zcard(keys.gone(MODEL)) == 0
+
+    # A restart under the same id finds two jobs in its in-flight list, one of them left by its client.
+    redis_client.lpush(keys.inflight(MODEL, "w2"), job("normal", 1), job("normal", 2))
+    redis_client.zadd(keys.gone(MODEL), {"normal-2": now_ms() + 60_000})
+    restarted = JobQueue(redis_client, keys, MODEL, "w2")
+    assert [decode_job(raw).id for raw in restarted.take(4, Linger(0), 0.1)] == ["normal-1"]
+    assert restarted.left == 1 and redis_client.zcard(keys.gone(MODEL)) == 0
+    assert [decode_job(raw).id for raw in redis_client.lrange(keys.inflight(MODEL, "w2"), 0, -1)] == ["normal-1"]
 
 
 SHORT = [b"", b"\x81", b"\x81\xa1v\x01", b"\x81\xa1v\x01\xa1n", b"\x81\xa1v\x01\xa1n\xcc",

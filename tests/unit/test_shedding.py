@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 
 import numpy as np
 import pytest
+import redis
 
 from funnel.common import lua_scripts, registry
-from funnel.common.errors import BadInput, Overloaded, Timeout, Unavailable
-from funnel.common.wire import item_count
+from funnel.common.errors import BadInput, NoWorker, Overloaded, Timeout, Unavailable
+from funnel.common.wire import JOB_FORMAT, item_count
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.queueing import push_script, shedding
@@ -24,7 +26,7 @@ MODEL = "image-classifier"
 
 def worker(worker_id: str, item_s: float | None = 0.01, batch_s: float = 0.02, size: int = 16,
            model: str = MODEL) -> dict[str, str]:
-    fields = {"id": worker_id, "model": model, "batch_size": str(size)}
+    fields = {"id": worker_id, "model": model, "batch_size": str(size), "wire": str(JOB_FORMAT)}
     if item_s is not None:
         fields.update(item_seconds=repr(item_s), batch_seconds=repr(batch_s))
     return fields
@@ -80,6 +82,7 @@ def test_the_worker_view_reads_the_registry_once_per_refresh(monkeypatch):
         return [worker("a")] if now[0] >= 5 else []
 
     monkeypatch.setattr(registry, "live_workers", live_workers)
+    monkeypatch.setattr(registry, "epoch", lambda client, keys: "e1")
     view = WorkerView(None, None, refresh_s=1.0, clock=lambda: now[0])
     assert view.capacity(MODEL).workers == () and len(reads) == 1
     view.capacity(MODEL)
@@ -93,9 +96,45 @@ def test_the_worker_view_reads_the_registry_once_per_refresh(monkeypatch):
     now[0] = 6.0
     view.capacity(MODEL)
     assert len(reads) == 3
-    assert view.recently_served(MODEL)
-    now[0] = 6.0 + shedding.NO_WORKER_GRACE_S
-    assert not view.recently_served(MODEL)
+
+
+def test_a_worker_gone_is_gone_but_after_redis_failed_or_lost_its_data_a_grace_holds(monkeypatch):
+    now, epoch, workers, down = [0.0], ["e1"], [[worker("a")]], [False]
+
+    def live_workers(client, keys):
+        if down[0]:
+            raise redis.ConnectionError("down")
+        return workers[0]
+
+    monkeypatch.setattr(registry, "live_workers", live_workers)
+    monkeypatch.setattr(registry, "epoch", lambda client, keys: epoch[0])
+    view = WorkerView(None, None, refresh_s=1.0, clock=lambda: now[0])
+    assert view.capacity(MODEL).workers == ("a",)
+    workers[0], now[0] = [], 2.0  # the worker deregistered (or its heartbeat expired): same epoch
+    assert view.capacity(MODEL).workers == () and view.grace_s(MODEL) == 0
+    workers[0], now[0] = [worker("a")], 3.0
+    assert view.capacity(MODEL).workers == ("a",)
+    workers[0], epoch[0], now[0] = [], "e2", 5.0  # Redis lost its data: the workers will beat again
+    assert view.capacity(MODEL).workers == ()
+    assert view.grace_s(MODEL) == pytest.approx(shedding.NO_WORKER_GRACE_S)
+    assert view.grace_s(MODEL, version=2) == 0  # never seen served: no grace
+    now[0] = 5.0 + shedding.NO_WORKER_GRACE_S
+    assert view.grace_s(MODEL) == 0
+    # A failover longer than the heartbeat TTL: the hashes expired meanwhile, the epoch is the same.
+    workers[0], now[0] = [worker("a")], 20.0
+    assert view.capacity(MODEL).workers == ("a",)
+    down[0], now[0] = True, 21.0
+    with pytest.raises(redis.ConnectionError):
+        view.capacity(MODEL)
+    down[0], workers[0], now[0] = False, [], 40.0
+    assert view.capacity(MODEL).workers == ()
+    assert view.grace_s(MODEL) == pytest.approx(shedding.NO_WORKER_GRACE_S)  # counted from its end
+    now[0] = 41.0
+    assert view.grace_s(MODEL) == pytest.approx(shedding.NO_WORKER_GRACE_S - 1)
+    workers[0], now[0] = [worker("a")], 42.0
+    assert view.capacity(MODEL).workers == ("a",)
+    workers[0], now[0] = [], 43.0  # seen since: gone is gone
+    assert view.capacity(MODEL).workers == () and view.grace_s(MODEL) == 0
 
 
 # -- the gateway against a real Redis ------------------------------------------------------
@@ -127,11 +166,27 @@ def submit(pipe: Pipeline, timeout_s: float):
 def test_no_live_worker_is_503_at_once_unless_held(redis_client, keys):
     with pipeline(redis_client, keys) as gateway, pytest.raises(Unavailable) as caught:
         submit(gateway, 0.2)
-    assert caught.value.code == "no_worker" and caught.value.retry_after == shedding.NO_WORKER_RETRY_AFTER_S
+    assert caught.value.code == "no_worker" and caught.value.retry_after == NoWorker.retry_after
     assert redis_client.llen(keys.queue(MODEL)) == 0
     with pipeline(redis_client, keys, hold_without_workers=True) as held, pytest.raises(Exception) as timed_out:
         submit(held, 0.2)
     assert timed_out.value.status == 504 and redis_client.llen(keys.queue(MODEL)) == 1
+
+
+def test_a_request_held_in_the_grace_is_answered_503_when_no_worker_comes(redis_client, keys, monkeypatch):
+    monkeypatch.setattr(shedding, "NO_WORKER_GRACE_S", 0.5)
+    publish(redis_client, keys, "w1")
+    with pipeline(redis_client, keys) as gateway:
+        assert gateway.workers.capacity(MODEL).workers == ("w1",)
+        redis_client.flushall()  # Redis lost its data: the registry is empty, and a new epoch comes
+        gateway.workers._read_at = -math.inf
+        started = time.monotonic()
+        with pytest.raises(NoWorker):
+            submit(gateway, 30)
+        waited = time.monotonic() - started
+        assert 0.3 < waited < 2.0  # the grace, not the request's 30 s deadline
+        assert redis_client.llen(keys.queue(MODEL)) == 1
+        assert redis_client.zcard(keys.gone(MODEL)) == 1  # marked: a worker that comes late drops it unrun
 
 
 def test_a_wait_past_the_deadline_is_refused_before_it_is_queued(redis_client, keys):
@@ -216,6 +271,21 @@ def test_a_request_is_one_job_or_one_per_batch_of_its_workers(redis_client, keys
     with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Exception) as timed_out:
         asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
     assert timed_out.value.status == 504 and queued_jobs(redis_client, keys) == [16, 16, 8]
+
+
+def test_while_a_worker_that_reads_one_item_a_job_serves_every_job_holds_one(redis_client, keys):
+    """A worker from before jobs of several items (no `wire` in its hash) would dead-letter one:
+    beside it, a request of 40 items is 40 jobs; once it has gone, jobs of a batch again."""
+    publish(redis_client, keys, "new", item_s=None)
+    older = {k: v for k, v in worker("old", item_s=None).items() if k != "wire"}
+    registry.publish(redis_client, keys, "old", older, ttl_s=30)
+    with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Timeout):
+        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+    assert queued_jobs(redis_client, keys) == [1] * 40
+    redis_client.delete(keys.queue(MODEL), keys.worker(MODEL, "old"))
+    with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Timeout):
+        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+    assert queued_jobs(redis_client, keys) == [16, 16, 8]
 
 
 def test_jobs_ahead_count_as_this_process_s_mean_items_a_job(redis_client, keys):

@@ -8,7 +8,7 @@ A model's tensors, as clients written for Triton and KServe send them:
 - the job's own tensors, ready made: every fixed-shape input model.json lists
   (the image model's `pixels`, UINT8 [n, 224, 224, 3]), checked by the task.
 
-A request with batch n becomes n jobs, answered with the model's own output
+A request's n items are queued as one job (one per worker batch when more), answered with the model's own output
 rows stacked to [n, ...] (FP32; rows of different shapes zero-padded, which the
 output's parameters "padded" and "row_shapes" say), or as "score:index:label"
 strings with the classification extension. Errors are {"error": "<message>"}.

@@ -25,7 +25,13 @@ queue and in-flight lengths, computes the same wait and pushes only if it fits
 the request's remaining deadline, in the one round trip a request already
 made. A request turned away is told to come back once the work ahead of it is
 done: Retry-After = ceil(wait). A model with no live worker answers 503 at once,
-unless FUNNEL_HOLD_WITHOUT_WORKERS holds its requests (scale from zero).
+unless FUNNEL_HOLD_WITHOUT_WORKERS holds its requests (scale from zero). A
+worker that deregistered, or whose heartbeat expired while Redis answered, is
+gone; only right after Redis failed or lost its data (a new registry epoch,
+common/registry.py) may live workers be missing from the registry until their
+next beat, and a model served before keeps a grace (WorkerView.grace_s): a
+request admitted on it is answered 503 when the grace ends without a worker
+(web/pipeline.py).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import redis
 from funnel.common import registry
 from funnel.common.errors import BadInput
 from funnel.common.keys import Keys
+from funnel.common.wire import JOB_FORMAT
 
 REFRESH_S = 1.0  # how stale a process's view of the workers may be
 EMPTY_REFRESH_S = 0.1  # when it shows no worker for a model: a new worker is seen this soon
@@ -54,9 +61,9 @@ CALIBRATE_WEIGHT = 0.25
 CALIBRATE_HALF_LIFE_S = 10.0
 MAX_CALIBRATION = 4.0
 JOB_SIZE_WEIGHT = 0.05  # how far each request moves the mean items of a job
-NO_WORKER_RETRY_AFTER_S = 5  # a worker starting loads its model in a few seconds
-# A model this process saw served this recently is not refused for want of a worker: a Redis
-# restart empties the registry until each worker's next heartbeat (FUNNEL_HEARTBEAT_TTL_S / 3).
+# A model this process saw served this recently, before Redis lost its data (a new epoch), is not
+# refused for want of a worker: the emptied registry fills again at each worker's next heartbeat
+# (FUNNEL_HEARTBEAT_TTL_S / 3).
 NO_WORKER_GRACE_S = 10.0
 TIMEOUT_HEADER = "X-Request-Timeout"
 
@@ -86,6 +93,7 @@ class Capacity:
     batch_s: float = 0.0  # b, likewise
     batch_size: int = 1  # B, likewise
     lanes: bool = True  # every live worker takes the priority lanes (false while older ones serve too)
+    job_format: int = JOB_FORMAT  # the oldest job format a live worker reads (common/wire.py)
 
     @property
     def known(self) -> bool:
@@ -107,15 +115,18 @@ def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Cap
     mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
     costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
     lanes = all(registry.takes_lanes(w) for w in mine)
+    job_format = min((registry.job_format(w) for w in mine), default=JOB_FORMAT)
     if not costs:  # the batch size alone, for splitting requests into jobs (web/pipeline.py)
         sizes = [int(w["batch_size"]) for w in mine if w.get("batch_size", "").isdigit() and int(w["batch_size"]) > 0]
-        return Capacity(tuple(w["id"] for w in mine), batch_size=max(sizes, default=1), lanes=lanes)
+        return Capacity(tuple(w["id"] for w in mine), batch_size=max(sizes, default=1), lanes=lanes,
+                        job_format=job_format)
     # A worker not timed yet (just started) is assumed as fast as the mean of the others.
     rates = [size / (item_s * size + batch_s) for item_s, batch_s, size in costs]
     mean = len(costs)
     return Capacity(tuple(w["id"] for w in mine), rate=sum(rates) / mean * len(mine),
                     item_s=sum(c[0] for c in costs) / mean, batch_s=sum(c[1] for c in costs) / mean,
-                    batch_size=max(1, round(sum(c[2] for c in costs) / mean)), lanes=lanes)
+                    batch_size=max(1, round(sum(c[2] for c in costs) / mean)), lanes=lanes,
+                    job_format=job_format)
 
 
 class Calibration:
@@ -167,8 +178,8 @@ def retry_after_s(wait_s: float) -> int:
 class WorkerView:
     """The live workers of every model, read from the registry at most every REFRESH_S per process.
 
-    Costs two round trips per refresh (the worker list, then their hashes in one
-    pipeline), shared by all of the process's requests. Thread-safe: one thread
+    Costs three round trips per refresh (the worker list, their hashes in one
+    pipeline, the registry's epoch), shared by all of the process's requests. Thread-safe: one thread
     refreshes while the others keep using the last view.
     """
 
@@ -178,20 +189,34 @@ class WorkerView:
         self._workers: list[dict[str, str]] | None = None
         self._read_at = -math.inf
         self._lock = threading.Lock()
-        # (model, version) -> when this process last saw a live worker of it
-        self._served_at: dict[tuple[str, int], float] = {}
+        # (model, version) -> when this process last saw a live worker of it, and the disturbances by then
+        self._served_at: dict[tuple[str, int], tuple[float, int]] = {}
+        self._epoch = ""  # the registry's epoch at the last read (registry.epoch)
+        # Redis lost its data (a new epoch) or failed a read: how many times, and the last one's span
+        self._disturbances = 0
+        self._disturbed = (-math.inf, -math.inf)  # (its first failed read or new epoch, its first good read after)
         # (model, version) -> (the view it was computed from, its capacity)
         self._computed: dict[tuple[str, int], tuple[list, Capacity]] = {}
         self._live: dict[str, tuple[list, set[int]]] = {}  # model -> (the view, its live versions)
 
-    def recently_served(self, model: str, version: int = 1) -> bool:
-        """Whether a live worker of the model version was seen within NO_WORKER_GRACE_S."""
-        return self.clock() - self._served_at.get((model, version), -math.inf) < NO_WORKER_GRACE_S
+    def grace_s(self, model: str, version: int = 1) -> float:
+        """Seconds a request for a model version without a live worker may still wait for one.
+
+        When this process saw the version served up to Redis's last disturbance (it failed, or lost
+        its data: a new epoch), its workers may be alive but missing from the registry, their
+        heartbeats expired meanwhile or forgotten, until their next beat: what is left of
+        NO_WORKER_GRACE_S after the disturbance. Else 0: workers that left (deregistered, or their
+        heartbeats expired while Redis answered) are gone."""
+        seen_at, disturbances = self._served_at.get((model, version), (-math.inf, self._disturbances))
+        started, ended = self._disturbed
+        if disturbances == self._disturbances or started - seen_at > NO_WORKER_GRACE_S:
+            return 0.0
+        return max(0.0, NO_WORKER_GRACE_S - (self.clock() - ended))
 
     def capacity(self, model: str, version: int = 1) -> Capacity:
         found = self._capacity(model, version)
         if found.workers:
-            self._served_at[model, version] = self.clock()
+            self._served_at[model, version] = (self.clock(), self._disturbances)
         return found
 
     def live_versions(self, model: str) -> set[int]:
@@ -224,11 +249,28 @@ class WorkerView:
             self._lock.acquire()
         try:
             if self._read_at <= now:  # nobody refreshed it while this thread waited
-                self._workers = registry.live_workers(self.client, self.keys)
-                self._read_at = self.clock()
+                self._read()
             return self._workers or []
         finally:
             self._lock.release()
+
+    def _read(self) -> None:
+        """The registry read, and whether Redis was disturbed since the last one (grace_s)."""
+        started, ended = self._disturbed
+        try:
+            workers = registry.live_workers(self.client, self.keys)
+            epoch = registry.epoch(self.client, self.keys)
+        except redis.RedisError:
+            if ended != math.inf:  # a disturbance begins
+                self._disturbances += 1
+                self._disturbed = (self.clock(), math.inf)
+            raise
+        if ended == math.inf:  # and ends
+            self._disturbed = (started, self.clock())
+        if epoch != self._epoch and self._epoch:  # Redis lost its data since the last read
+            self._disturbances += 1
+            self._disturbed = (self.clock(), self.clock())
+        self._workers, self._epoch, self._read_at = workers, epoch, self.clock()
 
     def _of(self, workers: list[dict[str, str]], model: str, version: int) -> Capacity:
         """capacity(), computed once per view and model version, not once per request."""
