@@ -58,7 +58,7 @@ from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.load import write_lua, wrk
 from benchmarks.payloads import Payload
 from benchmarks.web_cpu import bare, wait_for_answer
-from funnel.common.line import Line
+from funnel.common.link.line import Line
 from funnel.scripts.stack import Stack
 from tests import toy_model
 
@@ -84,12 +84,14 @@ def store(work: Path) -> Path:
 
 
 def link_tree(before: Path, work: Path) -> Path:
-    """A folder that puts `before`'s worker and this checkout's other packages first on PYTHONPATH."""
+    """A folder that puts `before`'s worker, and the common package it was written against, with this
+    checkout's other packages first on PYTHONPATH (the worker process imports nothing of web/)."""
     tree = work / "before-path"
     (tree / "funnel").mkdir(parents=True)
-    for package in ("common", "web", "scripts"):
+    for package in ("web", "scripts"):
         (tree / "funnel" / package).symlink_to(ROOT / package, target_is_directory=True)
-    (tree / "funnel" / "worker").symlink_to(before.resolve() / "worker", target_is_directory=True)
+    for package in ("worker", "common"):
+        (tree / "funnel" / package).symlink_to(before.resolve() / package, target_is_directory=True)
     return tree
 
 
@@ -168,7 +170,7 @@ def measure(args, model_store: Path, work: Path, code: str, worker_path: Path | 
 
 def round_trip(stack: Stack, count: int = 20000) -> tuple[float, float]:
     """The CPU of one Redis round trip from Python, PING after PING on a thread's own connection
-    (common/line.py, as the web's outbox and inbox and the worker's scripts make theirs): µs of
+    (common/link/line.py, as the web's outbox and inbox and the worker's scripts make theirs): µs of
     the client, µs of Redis."""
     line = Line(redis.Redis.from_url(stack.redis_url))
     line.exchange([("PING",)])
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = BATCH / ((args.batch_ms + args.item_ms * BATCH) / 1000)
     trips = [r["round_trip"] for key, rs in runs.items() if key[0] != "bare" for r in rs]
     client_us, redis_us = (statistics.median(t[i] for t in trips) for i in (0, 1))
-    floor = (f"A Redis round trip from Python (PING on a thread's own connection, common/line.py), "
+    floor = (f"A Redis round trip from Python (PING on a thread's own connection, common/link/line.py), "
              f"timed after each point: {client_us:.1f} µs of the client's CPU and {redis_us:.1f} µs of "
              f"Redis's (medians). A {BATCH}-item request, a batch of its own, makes four (its push, the "
              f"take, the reply, the inbox's pop; single items share them), whose floor is "

@@ -36,10 +36,10 @@ import numpy as np
 from benchmarks import save
 from benchmarks.machine import cpu_model, loadavg
 from funnel.common import tasks
+from funnel.common.contracts.wire import Job
 from funnel.common.store import load_spec
 from funnel.common.tasks import text_embedding
 from funnel.common.tasks.buckets import group_by_width
-from funnel.common.wire import Job
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 

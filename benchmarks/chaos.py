@@ -67,8 +67,8 @@ from benchmarks import ledger as ledgers
 from benchmarks import save
 from benchmarks.chaos_load import CLIENT_MARGIN_S, IMAGE, TEXT, BulkJob, References, Request, Traffic
 from benchmarks.machine import cpu_model, loadavg, version
-from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import connect, scan_keys
 from funnel.scripts.front_door import FrontDoor
 from funnel.scripts.redis_local import LocalCluster, LocalSentinels, ask, free_port, wait_until
 from funnel.scripts.stack import Stack, get_json
@@ -484,7 +484,7 @@ class Soak:
         return sum(ask(n.port, lambda c: c.info("memory"), {}).get("used_memory", 0) for n in nodes) / 2 ** 20
 
     def dead_lettered(self) -> set[str]:
-        from funnel.common.wire import peek_job
+        from funnel.common.contracts.wire import peek_job
 
         client, k = self.redis_client(), Keys()
         try:

@@ -26,7 +26,7 @@ import time
 from benchmarks import ROOT, save
 from benchmarks.machine import cpu_model
 from funnel.scripts.stack import Stack
-from tests.conftest import http, jpeg_bytes
+from tests.support import http, jpeg_bytes
 
 SENTENCE = "A man is eating a piece of bread while the girl is carrying a baby."
 BODY = f'{{"text": "{SENTENCE}"}}'

@@ -41,12 +41,12 @@ import numpy as np
 
 from benchmarks import ledger, save
 from benchmarks.machine import cpu_model, loadavg, version
-from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import connect, scan_keys
 from funnel.scripts.redis_local import LocalSentinels, redis_server_binary, wait_until
 from funnel.scripts.stack import Stack
 from funnel_client import Client, FunnelHTTPError
-from tests.conftest import http, metric
+from tests.support import http, metric
 
 MODEL = "text-embedding"
 LEDGER_PATH = ledger.LEDGER_PATH

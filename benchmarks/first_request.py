@@ -29,7 +29,7 @@ from benchmarks.accelerator import link_tree
 from benchmarks.core import SENTENCE, machine
 from benchmarks.payloads import IMAGE, cat_jpeg
 from funnel.scripts.stack import Stack
-from tests.conftest import http
+from tests.support import http
 
 
 def ask(url: str, model: str, image: bytes) -> tuple[float, float]:

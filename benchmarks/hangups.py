@@ -35,11 +35,11 @@ import redis
 
 from benchmarks import save
 from benchmarks.core import machine
-from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
 from tests import toy_model
-from tests.conftest import http
+from tests.support import http
 
 MODEL = "toy-paced"
 BODY = json.dumps({"input": [0.5, -1, 2, 0]}).encode()

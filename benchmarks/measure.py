@@ -34,7 +34,7 @@ def drain(running: Running, max_s: float = 180.0, quiet_cores: float = 0.25, win
 
 def funnel_counters(stack: Stack, model: str) -> dict[str, float]:
     """Summed counters (batches, items, batch_le_<n>) of this model's workers, from their registry hashes."""
-    from funnel.common.connection import connect
+    from funnel.common.link.connection import connect
 
     client = connect(stack.redis_url, socket_timeout=10)
     try:

@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks import save
 from benchmarks.core import machine
 from benchmarks.hangups import BODY, MODEL, paced_stack
-from funnel.common.priority import LANES
-from tests.conftest import http
+from funnel.common.contracts.priority import LANES
+from tests.support import http
 
 UNLOADED = 0.3
 

@@ -27,7 +27,7 @@ from benchmarks import save
 from benchmarks.cpu import CLK_TCK, _stat
 from benchmarks.machine import cpu_model
 from benchmarks.payloads import cat_jpeg
-from funnel.common.connection import connect
+from funnel.common.link.connection import connect
 from funnel.scripts.stack import Stack
 from funnel_client import Client
 

@@ -35,7 +35,7 @@ ratios and their range, drift of the machine between rounds cancelling
 --max-other CORES runs a variant again (up to LOAD_RETRIES times) when the rest
 of the machine used more than that meanwhile (a shared machine's bursts).
 --hook-cost adds, in process, what the tracing calls of one /v1 predict cost
-with tracing off (the no-op path of common/tracing.py).
+with tracing off (the no-op path of common/observability/tracing.py).
 
     python -m benchmarks.web_cpu --variant v1= --variant v2=ROUTE=v2 --variant openai=ROUTE=openai \
         --variant grpc=ROUTE=grpc     # the four doors to the same model, in one run
@@ -68,11 +68,11 @@ from benchmarks.core import BODY, SENTENCE, V2_BODY, in_process_ceiling, machine
 from benchmarks.cpu import cpu_seconds, cpu_ticks, machine_busy_s
 from benchmarks.systems import gunicorn
 from funnel.common import settings as loader
-from funnel.common import tracing
+from funnel.common.observability import tracing
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
 from funnel.web.settings import WebSettings
-from tests.conftest import http
+from tests.support import http
 
 MODEL = "text-embedding"
 DEFAULT_VARIANTS = ["defaults="]
@@ -133,40 +133,61 @@ def code(into: Path, commit: str | None, hooks: bool = True) -> str:
     return str(links.parent)
 
 
+def _traced(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "trace"
+
+
+def _mark(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and _traced(node.value)
+
+
+def _spans_call(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "spans"
+            and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self")
+
+
+def _entered(expr: ast.AST) -> bool:
+    """`trace`, or `trace or <a no-op>` (code before the no-op trace)."""
+    return _traced(expr) or (isinstance(expr, ast.BoolOp) and _traced(expr.values[0]))
+
+
+def _hook(node: ast.AST) -> bool:
+    return (_spans_call(node) or _mark(node) or (isinstance(node, ast.With) and _entered(node.items[0].context_expr))
+            or (isinstance(node, (ast.If, ast.IfExp)) and _traced(node.test))
+            or (isinstance(node, ast.BoolOp) and _traced(node.values[0])))
+
+
+class _Strip(ast.NodeTransformer):
+    def visit_With(self, node: ast.With) -> Any:
+        self.generic_visit(node)
+        return node.body if len(node.items) == 1 and _entered(node.items[0].context_expr) else node
+
+    def visit_If(self, node: ast.If) -> Any:
+        return ast.Pass() if _traced(node.test) and not node.orelse else self.generic_visit(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return self.visit(node.orelse) if _traced(node.test) else self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> Any:
+        call = node.value
+        return ast.Pass() if isinstance(call, ast.Call) and _mark(call.func) else self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        return ast.Constant("") if _mark(node) else self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        return ast.Constant(None) if _spans_call(node) else self.generic_visit(node)
+
+
 def strip_spans(code: str) -> str:
     """A module's source without its tracing: `trace = self.spans.request(...)` made `trace = None`,
-    each `with trace or ...:` replaced by its body, each `if trace:` (no else) by `pass`, each
-    `x if trace else y` by y (what they are when off). SystemExit if a hook is left (one of a
-    shape this does not know)."""
-
-    def traced(node: ast.AST) -> bool:
-        return isinstance(node, ast.Name) and node.id == "trace"
-
-    def spans_call(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "spans"
-                and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self")
-
-    def hook(node: ast.AST) -> bool:
-        return (spans_call(node) or (isinstance(node, (ast.If, ast.IfExp)) and traced(node.test))
-                or (isinstance(node, ast.BoolOp) and traced(node.values[0])))
-
-    class Strip(ast.NodeTransformer):
-        def visit_With(self, node: ast.With) -> Any:
-            self.generic_visit(node)
-            return node.body if len(node.items) == 1 and hook(node.items[0].context_expr) else node
-
-        def visit_If(self, node: ast.If) -> Any:
-            return ast.Pass() if traced(node.test) and not node.orelse else self.generic_visit(node)
-
-        def visit_IfExp(self, node: ast.IfExp) -> Any:
-            return self.visit(node.orelse) if traced(node.test) else self.generic_visit(node)
-
-        def visit_Call(self, node: ast.Call) -> Any:
-            return ast.Constant(None) if spans_call(node) else self.generic_visit(node)
-
-    tree = ast.fix_missing_locations(Strip().visit(ast.parse(code)))
-    left = [getattr(n, "lineno", 0) for n in ast.walk(tree) if hook(n)]
+    each `with trace:` (or, in code before the no-op trace, `with trace or ...:`) replaced by its
+    body, each `trace.step(...)` or `trace.annotate(...)` and each `if trace:` (no else) by `pass`,
+    each `trace.traceparent` and `x if trace else y` by "" and y (what they are when off).
+    SystemExit if a hook is left (one of a shape this does not know)."""
+    tree = ast.fix_missing_locations(_Strip().visit(ast.parse(code)))
+    left = [getattr(n, "lineno", 0) for n in ast.walk(tree) if _hook(n)]
     if left:
         raise SystemExit(f"strip_spans: tracing calls of an unknown shape left at lines {left}")
     return ast.unparse(tree)
@@ -242,20 +263,14 @@ def hook_cost(iterations: int = 200_000, repeats: int = 7) -> float:
 
     def hooks() -> None:
         trace = spans.request("predict", name, "", "", request_id)
-        with trace or tracing.NO_SPAN:
-            if trace:
-                trace.step("parse", model=name, model_version=1)
-            if trace:
-                trace.step("prepare")
-            if trace:
-                trace.step("admit", items=1)
-            traceparent = trace.traceparent if trace else ""
-            if trace:
-                trace.step("enqueue", priority="normal")
-            if trace:
-                trace.step("wait")
-            if trace:
-                trace.step("render")
+        with trace:
+            trace.step("parse", model=name, model_version=1)
+            trace.step("prepare")
+            trace.step("admit", items=1)
+            traceparent = trace.traceparent
+            trace.step("enqueue", priority="normal")
+            trace.step("wait")
+            trace.step("render")
         assert not traceparent
 
     def nothing() -> None:

@@ -27,10 +27,6 @@ class BadInput(FunnelError):
     status, code = 400, "bad_input"
 
 
-class PayloadTooLarge(FunnelError):
-    status, code = 413, "payload_too_large"
-
-
 class UnsupportedMediaType(FunnelError):
     status, code = 415, "unsupported_media_type"
 
@@ -53,9 +49,14 @@ class Unavailable(FunnelError):
     status, code = 503, "unavailable"
 
 
+def queue_unavailable(error: Exception) -> Unavailable:
+    """What a request is answered when Redis fails under it: 503, naming the failure's kind."""
+    return Unavailable(f"queue unavailable: {type(error).__name__}")
+
+
 class NotReplicated(Unavailable):
     """A job the Redis primary took but fewer replicas than FUNNEL_JOB_REPLICAS held in time: refused,
-    since a failover could lose it, and undone (common/job_store.py, web/queueing/outbox.py)."""
+    since a failover could lose it, and undone (common/bulk/job_store.py, web/queueing/outbox.py)."""
 
     code, retry_after = "not_replicated", 1
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from funnel.common.keys import NAME_PATTERN, check_name, check_version
+from funnel.common.contracts.keys import NAME_PATTERN, check_name, check_version
 
 META = "model.json"
 

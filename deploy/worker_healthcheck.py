@@ -11,8 +11,8 @@ the reason on stderr.
 import socket
 import sys
 
-from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import connect, scan_keys
 from funnel.worker.settings import WorkerSettings
 
 

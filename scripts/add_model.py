@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from funnel.common import tasks
-from funnel.common.keys import check_name, check_version
+from funnel.common.contracts.keys import check_name, check_version
 from funnel.common.store import list_versions, load_spec, write_model
 
 

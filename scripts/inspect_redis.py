@@ -24,12 +24,12 @@ import time
 
 import redis
 
-from funnel.common import registry, traffic
-from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys, model_of, version_of
-from funnel.common.wire import WireError, decode_job
+from funnel.common.contracts import registry, traffic
+from funnel.common.contracts.keys import Keys, model_of, version_of
+from funnel.common.contracts.wire import WireError, decode_job
+from funnel.common.link.connection import connect, scan_keys
 
-QUEUE_KINDS = ("queue-high", "queue", "queue-low", "bulk")  # the lanes (common/priority.py), then bulk
+QUEUE_KINDS = ("queue-high", "queue", "queue-low", "bulk")  # the lanes (common/contracts/priority.py), then bulk
 
 
 def job_json(raw: bytes) -> dict:

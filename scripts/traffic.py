@@ -19,9 +19,9 @@ import sys
 
 import redis
 
-from funnel.common import registry, traffic
-from funnel.common.connection import connect
-from funnel.common.keys import Keys, check_name
+from funnel.common.contracts import registry, traffic
+from funnel.common.contracts.keys import Keys, check_name
+from funnel.common.link.connection import connect
 from funnel.common.store import list_versions
 
 

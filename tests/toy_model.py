@@ -17,9 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import ROOT
-
-PACKAGE_DIR = ROOT / "tests" / "third_party"
+PACKAGE_DIR = Path(__file__).resolve().parent / "third_party"
 LABELS = ["low", "middle", "high"]
 WEIGHTS = np.random.default_rng(7).normal(size=(4, 3)).astype(np.float32)
 BIAS = np.array([0.1, -0.2, 0.05], np.float32)

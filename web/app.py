@@ -15,16 +15,17 @@ import redis
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from funnel.common import logs, registry, traffic
+from funnel.common.contracts import registry, traffic
+from funnel.common.contracts.registry import live_workers
 from funnel.common.errors import BadInput
-from funnel.common.registry import live_workers
+from funnel.common.observability import logs
 from funnel.common.tasks import Task
 from funnel.web import auth, dashboard, errors, openapi
 from funnel.web import metrics as web_metrics
 from funnel.web.catalog import Catalog
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.pipeline import Pipeline
-from funnel.web.protocols import jobs, v2
+from funnel.web.routes import jobs, v2
 from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
@@ -151,7 +152,7 @@ def install_operations(app: Flask, pipeline: Pipeline) -> None:
 
 
 def install_traffic(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
-    """A model's traffic policy, set and cleared by admin keys (common/traffic.py)."""
+    """A model's traffic policy, set and cleared by admin keys (common/contracts/traffic.py)."""
     catalog, client, keys = pipeline.catalog, pipeline.client, pipeline.keys
 
     @app.put("/v1/models/<name>/traffic")

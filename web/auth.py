@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from flask import Flask, g, request
 
+from funnel.common.bulk.jobs import Caller
 from funnel.common.errors import FunnelError
-from funnel.common.jobs import Caller
 from funnel.web.settings import WebSettings
 
 # Probes (ours and the /v2 protocol's), the pages and the API document stay open: the pages hold

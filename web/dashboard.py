@@ -27,10 +27,11 @@ from typing import Any
 import redis
 from flask import Blueprint, jsonify, render_template
 
-from funnel.common import jobs, registry, traffic
-from funnel.common.connection import scan_keys
-from funnel.common.keys import Keys
-from funnel.common.priority import LANES
+from funnel.common.bulk import jobs
+from funnel.common.contracts import registry, traffic
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.priority import LANES
+from funnel.common.link.connection import scan_keys
 from funnel.web import auth
 from funnel.web import metrics as web_metrics
 from funnel.web.pipeline import Pipeline

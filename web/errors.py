@@ -12,7 +12,7 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Request
 
-from funnel.common.errors import FunnelError, Unavailable
+from funnel.common.errors import FunnelError, queue_unavailable
 
 
 def install(app: Flask) -> None:
@@ -32,7 +32,7 @@ def install(app: Flask) -> None:
 def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str]]]:
     """The status, JSON body and extra headers that answer `exc`; anything unexpected is a 500."""
     if isinstance(exc, redis.RedisError):
-        exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
+        exc = queue_unavailable(exc)
     if isinstance(exc, FunnelError):
         headers = [("Retry-After", retry_after(exc))] if exc.status in (429, 503) else []
         if exc.status == 401:

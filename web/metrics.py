@@ -17,8 +17,8 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from funnel.common import registry, traffic
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry, traffic
+from funnel.common.contracts.keys import Keys
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

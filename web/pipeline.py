@@ -8,21 +8,22 @@
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
-                 the key's highest (common/priority.py)
+                 the key's highest (queueing/admission.py decides who is served, and in which lane)
     5 enqueue    the items as one job (one per batch when more than a worker's batch), in one
                  push script per request (queueing/outbox.py, one round trip a loop turn), which
                  refuses a key past its limits (429), a full queue or a predicted wait past the
-                 deadline (503), else LPUSHes onto the lane's queue
+                 deadline (503: the script's Verdict, queueing/admission.py), else LPUSHes onto the
+                 lane's queue
     6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline;
                  a client that leaves first marks its jobs, and no worker runs them
     7 render     the adapter answers the replies, or the error, in its protocol's shape
 
-With tracing on (common/tracing.py) the request is a span, each step from
+With tracing on (common/observability/tracing.py) the request is a span, each step from
 parse on a child of it, marked as the request enters the step, and its jobs
-carry the span's context to the worker. Off, `trace` is None and each mark is
-a test of it.
+carry the span's context to the worker. Off, `trace` is NO_TRACE, whose marks
+do nothing.
 
-A bulk job (`submit_job`, from protocols/jobs.py's routes) takes steps 1 and
+A bulk job (`submit_job`, from routes/jobs.py's routes) takes steps 1 and
 3, then its own admission (the bulk queue's room) and the job store instead of
 the queue: its items are answered into the job's results, not awaited.
 """
@@ -33,30 +34,25 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis
 from werkzeug.wrappers import Request
 
-from funnel.common import job_submit, jobs, lua_scripts, priority, tracing
-from funnel.common.errors import (
-    REPLY_STATUS,
-    FunnelError,
-    NotFound,
-    NotReplicated,
-    NoWorker,
-    Overloaded,
-    TooManyRequests,
-    Unavailable,
-)
-from funnel.common.job_store import JobStore
-from funnel.common.keys import Keys
+from funnel.common.bulk import job_submit, jobs
+from funnel.common.bulk.job_store import JobStore
+from funnel.common.contracts import priority
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Job, Reply, encode_job, now_ms
+from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, NotReplicated, NoWorker, queue_unavailable
+from funnel.common.link import lua_scripts
+from funnel.common.observability import tracing
 from funnel.common.tasks import Inputs, Task
-from funnel.common.wire import Job, Reply, encode_job, now_ms
 from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
-from funnel.web.queueing import limits, push_script
+from funnel.web.queueing import push_script
+from funnel.web.queueing.admission import Admission
 from funnel.web.queueing.inbox import Inbox, Waiter
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.queueing.shedding import (
@@ -65,34 +61,43 @@ from funnel.web.queueing.shedding import (
     JobSizes,
     WorkerView,
     request_timeout,
-    retry_after_s,
 )
 from funnel.web.queueing.versions import Versions
 from funnel.web.settings import WebSettings
 
 Rendered = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
 Answer = TypeVar("Answer")
+Context = TypeVar("Context")
 
 log = logging.getLogger("funnel.web.jobs")
 
 
 @dataclass
-class Work:
-    """What an adapter parsed from a request: the items to run and how to run them."""
+class Work(Generic[Context]):
+    """What an adapter parsed from a request: the items to run, how to run them, and what the
+    adapter needs again to render the answer (its own Context)."""
 
     items: list[Any]
+    context: Context
     ready: bool = False  # the items are the model's own tensors, checked rather than preprocessed
     raw: bool = False  # the replies carry the model's output rows, not the task's results
-    context: dict[str, Any] = field(default_factory=dict)  # what the adapter needs again to render
-    prepared: list[Inputs] = field(default_factory=list)  # the items' tensors, for adapters that count them
-    priority: str = ""  # the lane the protocol's own parameter asks for ("": the transport's); then the one served
+    lane: str = ""  # the lane the protocol's own parameter asks for ("": the transport's, X-Priority)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What became of a request's items, for its adapter to render."""
+
+    replies: list[Reply]  # one per item, in item order
+    prepared: list[Inputs]  # the items' tensors as they were queued (an adapter counts their tokens)
+    lane: str  # the priority lane that served it: the one asked for, or lower (admission)
 
 
 @dataclass(frozen=True)
 class Origin:
     """Who sent a request and how to follow it: what the transport knows before the pipeline starts."""
 
-    request_id: str = ""  # X-Request-ID, or one made up (common/logs.py): in the jobs, the logs, the answer
+    request_id: str = ""  # X-Request-ID, or one made up (observability/logs.py): in the jobs, the logs, the answer
     owner: str = ""  # the API key's owner hash ("" where the server has no keys): its limits' keys
     label: str = ""  # that key's label: which limits apply (FUNNEL_KEY_LIMITS)
     traceparent: str = ""  # the client's W3C trace context, the parent of the request's span
@@ -118,7 +123,7 @@ class Parser(Protocol):
     """What the pipeline asks of a protocol before it queues: the request's items (the gRPC
     service's adapter reads a protobuf message, the others a werkzeug Request)."""
 
-    def parse(self, task: Task, request: Any) -> Work:
+    def parse(self, task: Task, request: Any) -> Work[Any]:
         """The request's items; a FunnelError for a request the protocol cannot read."""
         ...
 
@@ -126,8 +131,8 @@ class Parser(Protocol):
 class Adapter(Parser, Protocol):
     """A protocol's two ends of a predict-like HTTP route (protocols/v1.py, v2.py, openai.py)."""
 
-    def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
-        """A 200's body and headers, from the replies in item order."""
+    def render(self, task: Task, work: Work, served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+        """A 200's body and headers, from what became of the items."""
         ...
 
     def render_error(self, error: Exception, request: Request) -> Rendered:
@@ -149,7 +154,7 @@ class Pipeline:
         self.job_sizes = JobSizes()
         self.jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
-        self.key_limits = limits.parse(settings.key_limits)
+        self.admission = Admission(self.workers, settings)
         self.spans = tracing.Spans("funnel-web")
         # Sent without waiting for their answers (the request is over): marks for jobs whose client
         # left, and the tokens of finished requests of keys with a cap.
@@ -163,9 +168,9 @@ class Pipeline:
         try:
             cap_s = self.settings.request_timeout_s
 
-            def render(task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
-                body, headers = adapter.render(task, work, replies)
-                return body, [*headers, ("X-Priority", work.priority)]  # the lane served, which may be lower
+            def render(task: Task, work: Work, served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+                body, headers = adapter.render(task, work, served)
+                return body, [*headers, ("X-Priority", served.lane)]  # the lane served, which may be lower
 
             body, headers = await self.infer(adapter, request, name, version,
                                              lambda: request_timeout(request.headers, cap_s), origin, render)
@@ -175,28 +180,23 @@ class Pipeline:
 
     async def infer(self, parser: Parser, request: Any, name: str, version: str | None,
                     timeout_s: Callable[[], float], origin: Origin,
-                    render: Callable[[Task, Work, list[Reply]], Answer]) -> Answer:
+                    render: Callable[[Task, Work, Served], Answer]) -> Answer:
         """Steps 1 to 7, whatever protocol parses and renders (the HTTP adapters, the gRPC service),
         in one span when tracing is on. timeout_s is asked once the request is read, so that a bad
         model or body is told before a bad deadline."""
-        trace = self.spans.request("predict", name, origin.traceparent, origin.tracestate,
-                                   origin.request_id)  # None when tracing is off
-        with trace or tracing.NO_SPAN:
+        trace = self.spans.request("predict", name, origin.traceparent, origin.tracestate, origin.request_id)
+        with trace:
             task = self.resolve(name, version)
-            if trace:
-                trace.step("parse", model=name, model_version=task.spec.version)
+            trace.step("parse", model=name, model_version=task.spec.version)
             work = parser.parse(task, request)
-            if trace:
-                trace.step("prepare")
-            work.prepared = list(self.prepare(task, work.items, work.ready))
-            if trace:
-                trace.step("admit", items=len(work.prepared))
-            work.priority = self.lane(work.priority or origin.priority, origin, name, task.spec.version)
-            replies = await self.run(name, task.spec.version, work.prepared, timeout_s(), work.raw, origin,
-                                     work.priority, trace)
-            if trace:
-                trace.step("render")
-            return render(task, work, replies)
+            trace.step("prepare")
+            prepared = list(self.prepare(task, work.items, work.ready))
+            trace.step("admit", items=len(prepared))
+            lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
+                                       task.spec.version)
+            replies = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane, trace)
+            trace.step("render")
+            return render(task, work, Served(replies, prepared, lane))
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
                    body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
@@ -212,38 +212,31 @@ class Pipeline:
         whose context every item carries, so the worker's batch spans link to it; the job's later
         life (its items' batches, its webhook) is in those linked traces, not under this span.
         """
-        trace = self.spans.request("job", name, origin.traceparent, origin.tracestate,
-                                   origin.request_id)  # None when tracing is off
-        with trace or tracing.NO_SPAN:
+        trace = self.spans.request("job", name, origin.traceparent, origin.tracestate, origin.request_id)
+        with trace:
             task = self.resolve(name)
             version = task.spec.version
-            if trace:
-                trace.annotate(model=name, model_version=version, items=len(items))
+            trace.annotate(model=name, model_version=version, items=len(items))
             job_submit.check(idempotency_key, webhook, self.job_limits)
             body_sha = job_submit.fingerprint(body, webhook)
             if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
                 existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
                 if existing is not None:
-                    if trace:
-                        trace.annotate(job_id=existing.id, replayed=True)
+                    trace.annotate(job_id=existing.id, replayed=True)
                     return existing, True
             created = now_ms()
             job_id = jobs.new_job_id(created)
-            if trace:
-                trace.step("prepare", job_id=job_id)
+            trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
             payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version,
-                                               trace.traceparent if trace else "")
-            if trace:
-                trace.step("admit")
+                                               trace.traceparent)
+            trace.step("admit")
             self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
-            if trace:
-                trace.step("store")
+            trace.step("store")
             record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
                                                 idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these
-                if trace:
-                    trace.annotate(job_id=record.id, replayed=True)
+                trace.annotate(job_id=record.id, replayed=True)
             else:
                 metrics.job_submitted(name, caller.label)
                 log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
@@ -283,22 +276,9 @@ class Pipeline:
 
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
-    def lane(self, asked: str, origin: Origin, model: str, version: int) -> str:
-        """The lane a request is served in: the one asked for, at most its API key's highest; normal
-        while a worker from before the lanes serves the model version (an upgrade under way), as
-        it takes the normal queue only."""
-        lane = priority.at_most(asked, limits.highest_lane(self.key_limits, origin.label)) if origin.owner else asked
-        if lane != priority.NORMAL:
-            try:
-                if not self.workers.capacity(model, version).lanes:
-                    return priority.NORMAL
-            except redis.RedisError as exc:
-                raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
-        return lane
-
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
                   raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
-                  trace: tracing.Trace | None = None) -> list[Reply]:
+                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE) -> list[Reply]:
         """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
         version's queue in the lane, and a reply per input in input order; a failed reply raised.
 
@@ -306,59 +286,51 @@ class Pipeline:
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
         when the predicted wait is past timeout_s; 504 at the deadline. A client that
         leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
-        The request's trace, if traced, marks the steps from enqueue on; its jobs carry its context.
+        The request's trace marks the steps from enqueue on; its jobs carry its context.
         """
-        capacity = self._capacity(model, version)
+        capacity = self.admission.capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
         size = job_size(capacity, len(inputs))
         parts = [inputs[start:start + size] for start in range(0, len(inputs), size)]
         ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
-        reply_to = self.inbox.key(model)
-        traceparent = trace.traceparent if trace else ""
-        jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=reply_to, deadline=deadline, raw=raw,
-                               version=version, trace=traceparent, request_id=origin.request_id,
-                               priority="" if lane == priority.NORMAL else lane))
+        jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
+                               deadline=deadline, raw=raw, version=version, trace=trace.traceparent,
+                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane))
                 for job_id, part in zip(ids, parts)]
-        estimate = self.settings.shed and capacity.known
         calibration = self.calibration.factor(model)
-        limit = limits.of(self.key_limits, origin.label) if origin.owner else None
+        limit = self.admission.limit(origin.label, bool(origin.owner))
         owner = origin.owner if limit else push_script.UNLIMITED
-        keys = push_script.keys_of(self.keys, model, version, owner, capacity.workers if estimate else ())
-        args = push_script.args_of(self.settings.max_queue, capacity.script_args(calibration) if estimate else None,
-                                   timeout_s, limit, now_ms(), ids[0], deadline, lane, jobs, len(inputs),
-                                   self.job_sizes.of(model))
+        estimate = capacity.script_args(calibration) if self.settings.shed and capacity.known else None
+        push = push_script.PushCall(model=model, version=version, lane=lane, jobs=jobs, items=len(inputs),
+                                    per_job=self.job_sizes.of(model), max_queue=self.settings.max_queue,
+                                    estimate=estimate, inflight=capacity.workers if estimate else (),
+                                    budget_s=timeout_s, owner=owner, limit=limit, now_ms=now_ms(), token=ids[0],
+                                    deadline_ms=deadline)
         self.job_sizes.observe(model, len(inputs), len(jobs))
-        ahead, pushed_ms, sent = -1, 0, False
+        ahead, pushed_ms = -1, 0
         try:
-            if trace:
-                trace.step("enqueue", priority=lane)
-            sent = True  # from here on the push may reach Redis, whatever becomes of this request
-            outcome, count, *rest = await self.outbox.push(keys, args)
-            self._admitted(model, outcome, count, capacity, calibration, timeout_s, len(inputs))
-            ahead, pushed_ms = (rest[0] if rest else -1), now_ms()
-            if trace:
-                trace.step("wait")
+            trace.step("enqueue", priority=lane)
+            answer = await self.outbox.push(push.keys(self.keys), push.args())  # from here on its jobs may be in Redis
+            ahead = self.admission.verdict(model, answer, capacity, calibration, timeout_s, len(inputs))
+            pushed_ms = now_ms()
+            trace.step("wait")
             if not capacity.workers and not self.settings.hold_without_workers:
                 await self._await_a_worker(waiter, model, version, deadline)
             replies = await self.inbox.collect(waiter, ids, deadline)
-        except (NotReplicated, NoWorker):  # queued, and refused (a failover may lose it; no worker came):
-            # no worker may run it
-            self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
-            pushed_ms = now_ms()  # its key's token was taken with the push: released below
-            raise
-        except redis.RedisError as exc:
-            if sent:  # the push may have run, its answer lost (never sent again: common/line.py)
-                self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
-            raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
-        except asyncio.CancelledError:
-            if sent:  # maybe queued, and nobody will read the answers: no worker need compute them
-                self._unawaited_push(self.leaving, [self.keys.gone(model)], [now_ms(), deadline, *ids])
+        except (NotReplicated, NoWorker, redis.RedisError, asyncio.CancelledError) as exc:
+            # Queued, or maybe (a push whose answer was lost is never sent again: common/link/line.py),
+            # and nobody will read the answers: marked, so that no worker runs them.
+            self._unawaited_push(self.leaving, *push_script.leave_call(self.keys, model, now_ms(), deadline, ids))
+            if isinstance(exc, NotReplicated):
+                pushed_ms = now_ms()  # its key's token was taken with the push: released below
+            if isinstance(exc, redis.RedisError):
+                raise queue_unavailable(exc) from None
             raise
         finally:
             self.inbox.forget(ids)
             if pushed_ms and limit is not None and limit.concurrency:  # its token leaves the key's requests
-                self._unawaited_push(self.releasing, [self.keys.running(model, owner)], [ids[0]])
+                self._unawaited_push(self.releasing, *push_script.release_call(self.keys, model, owner, ids[0]))
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
                 self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
         metrics.replied(model, replies)
@@ -390,53 +362,13 @@ class Pipeline:
         if not sent.cancelled() and sent.exception() is not None:
             log.warning("could not mark a finished request in redis: %s", sent.exception())
 
-    def _capacity(self, model: str, version: int) -> Capacity:
-        """The model version's live workers (cached per process); 503 at once when it has none, unless
-        held."""
-        settings = self.settings
-        if not settings.shed and settings.hold_without_workers:
-            return Capacity(())  # nothing to predict with, nothing to refuse: no registry read
-        try:
-            capacity = self.workers.capacity(model, version)
-        except redis.RedisError as exc:
-            raise Unavailable(f"queue unavailable: {type(exc).__name__}") from None
-        if not capacity.workers and not settings.hold_without_workers and not self.workers.grace_s(model, version):
-            raise NoWorker(model, version)
-        return capacity
-
-    @staticmethod
-    def _admitted(model: str, outcome: int, count: int, capacity: Capacity, calibration: float,
-                  timeout_s: float, n: int) -> None:
-        """The push script's verdict: 429 past the caller's key limits, 503 if it turned the request
-        away (a full queue, too long a wait)."""
-        if outcome == -2:
-            raise TooManyRequests("this API key is past its rate on this model; retry later",
-                                  retry_after=_seconds(count))
-        if outcome == -3:
-            raise TooManyRequests("this API key has as many requests under way on this model as it may; "
-                                  "retry when one is answered", retry_after=_seconds(count))
-        if outcome == 0:
-            raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
-                             retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))
-                             if capacity.known else 1)
-        if outcome < 0:
-            wait_s = capacity.wait_s(count, n, calibration)
-            raise Overloaded(f"the {model} queue would answer in about {wait_s:.1f} s, past this "
-                             f"request's deadline of {timeout_s:g} s; retry later",
-                             retry_after=retry_after_s(wait_s))
-
 
 def job_size(capacity: Capacity, n: int) -> int:
     """Items a job holds: what a worker runs in one go, its batch; one while a worker of a release
-    that reads one item a job (common/wire.py's JOB_FORMAT 1) serves the model version."""
+    that reads one item a job (common/contracts/wire.py's JOB_FORMAT 1) serves the model version."""
     if not capacity.workers:
         return n  # held for a worker to come: one job
     return capacity.batch_size if capacity.job_format >= 2 else 1
-
-
-def _seconds(ms: int) -> int:
-    """A Retry-After in whole seconds, at least one."""
-    return max(1, -(-int(ms) // 1000))
 
 
 def each_item(parts: list[list[Inputs]], replies: list[Reply], count: int) -> list[Reply]:

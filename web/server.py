@@ -14,7 +14,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from funnel.common import logs
+from funnel.common.observability import logs
 from funnel.web.settings import WebSettings
 
 # No command of the web tier blocks in Redis for long (the inbox listener's BRPOP, 1 s): a Redis
@@ -72,8 +72,8 @@ class WebServer(BaseApplication):
 
 def application(settings: WebSettings) -> Any:
     """The ASGI app one web process serves (tests build it in-process too)."""
-    from funnel.common.connection import connect, on_cluster
-    from funnel.common.keys import Keys
+    from funnel.common.contracts.keys import Keys
+    from funnel.common.link.connection import connect, on_cluster
     from funnel.web.app import catalog_of, create_app
     from funnel.web.pipeline import Pipeline
     from funnel.web.transport.front import Front

@@ -4,7 +4,7 @@ The steps are apart so that the worker can overlap them (worker/main.py):
 `prepare` on the taker's thread, `run` on the thread that owns the
 accelerator, `finish` on the replier's, each on a different batch.
 
-A job holds one request's items (common/wire.py); the batch runs the items of
+A job holds one request's items (common/contracts/wire.py); the batch runs the items of
 all its jobs, in runs of at most the batch size. Failures stay with their own
 job: a job that does not decode, or is not for this worker's model and version,
 goes to the dead-letter list, a job with a bad item gets its own error reply,
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
 from funnel.common.errors import FunnelError
-from funnel.common.keys import Keys
 from funnel.common.tasks import Inputs, Task
-from funnel.common.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
 from funnel.worker.backend import Backend
 
 log = logging.getLogger(__name__)

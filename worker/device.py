@@ -10,7 +10,7 @@ time.
 
 Two replicas starting at the same moment would both see the same counts
 before either registers (registration waits for the model to load), so the
-choice is made and recorded in one Lua script (common/lua/choose_device.lua):
+choice is made and recorded in one Lua script (common/link/lua/choose_device.lua):
 besides the live workers read just before (worker hashes live in their
 models' slots, which one script may not span on Redis Cluster), it counts
 *claims*, a sorted set `funnel:device-claims` of "<device> <worker id>"
@@ -28,8 +28,9 @@ import uuid
 
 import redis
 
-from funnel.common import lua_scripts, registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
+from funnel.common.link import lua_scripts
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import time
 
 import redis
 
-from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
 from funnel.worker.recovery import Recovery
 from funnel.worker.stats import Stats
 

@@ -14,7 +14,6 @@ goes straight on.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
@@ -25,9 +24,9 @@ HOLD_S = 60.0  # bounded, so a test that never signals still ends
 
 
 class Hold:
-    def __init__(self, stop: threading.Event, setting: str | None = None):
+    def __init__(self, stop: threading.Event, setting: str = ""):
+        """setting: WorkerSettings.test_hold (FUNNEL_TEST_HOLD); "" holds nothing."""
         self.stop = stop
-        setting = os.environ.get("FUNNEL_TEST_HOLD", "") if setting is None else setting
         self.stage, self.batch, self.marker = "", 0, Path()
         if setting:
             stage, batch, path = setting.split(":", 2)

@@ -1,6 +1,6 @@
 """Floor shares: the places of each batch kept for the lanes below the first, so none starves.
 
-A batch is filled from the lanes in order (common/priority.py: high, normal,
+A batch is filled from the lanes in order (common/contracts/priority.py: high, normal,
 low, then bulk items), but each lane below high is owed a floor share of the
 places while it has work waiting:
 
@@ -11,7 +11,7 @@ so small batches honour them too: with batches of one, low is owed one batch
 in ten. A lane's credit grows by its share of each batch, up to one batch's
 share (rounded up to whole places, so credit saved while a lane is empty
 never lets it jump a whole batch ahead), and spends what the lane takes. Places a lane
-does not use are the others' again, in order (common/lua/take.lua).
+does not use are the others' again, in order (common/link/lua/take.lua).
 
 Places count items, and a job holds a request's items: a lane whose last job
 overran its places goes into debt, down to one batch, and is kept no places

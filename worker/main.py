@@ -18,11 +18,12 @@ import signal
 import sys
 import threading
 
-from funnel.common import logs, tasks, tracing
-from funnel.common.connection import connect, on_cluster
-from funnel.common.keys import Keys
+from funnel.common import tasks
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import JOB_FORMAT
+from funnel.common.link.connection import connect, on_cluster
+from funnel.common.observability import logs, tracing
 from funnel.common.store import load_spec
-from funnel.common.wire import JOB_FORMAT
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
@@ -34,6 +35,7 @@ from funnel.worker.linger import Linger
 from funnel.worker.pipeline import Slot, Stage
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
+from funnel.worker.reply import Replier
 from funnel.worker.settings import WorkerSettings, model_and_version
 from funnel.worker.steps import BLOCK_S, Steps, retrying
 from funnel.worker.webhook import Deliverer
@@ -60,11 +62,12 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
         "batch_size": batch_size, "linger_ms": settings.linger_ms, "lanes": 1,
         "wire": JOB_FORMAT},
         recovery, settings.heartbeat_ttl_s)
-    steps = Steps(settings, spec.name, version, task, model, client, keys,
-                  JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
-                  Linger(settings.linger_ms, stop), heartbeat.stats, stop, batch_size,
-                  Hold(stop),  # Hold: the fault suite's seam; unset, it does nothing
-                  tracing.Spans("funnel-worker"), device)
+    hold = Hold(stop, settings.test_hold)
+    steps = Steps(settings=settings, task=task, backend=model, device=device, batch_size=batch_size, keys=keys,
+                  queue=JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
+                  replier=Replier(client, keys, settings.worker_id, spec.name, settings.reply_ttl_s, hold),
+                  linger=Linger(settings.linger_ms, stop), stats=heartbeat.stats, stop=stop, hold=hold,
+                  spans=tracing.Spans("funnel-worker"))
     warmup.run(task, model, batch_size, device)  # before registering: no request meets a cold shape
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own

@@ -6,13 +6,13 @@ All the lists carry the model's hash tag, so on Redis Cluster the take's
 script stays in one slot.
 
 Four queues per model version, served in order: the three priority lanes of
-interactive requests (high, normal, low: common/priority.py) and the bulk
+interactive requests (high, normal, low: common/contracts/priority.py) and the bulk
 queue (the items of async and bulk jobs); a worker serves one version and
 takes from its queues only. A batch is filled from the lanes in order, but
 every lane below high is owed a floor share of its places while it has work
 waiting (worker/lanes.py; bulk's is FUNNEL_BULK_SHARE), so a low request and a
 bulk job progress under any load above them (one Lua script,
-common/lua/take.lua); places a lane leaves are the others' again. While
+common/link/lua/take.lua); places a lane leaves are the others' again. While
 interactive jobs keep coming (one taken within INTERACTIVE_RECENT_S), bulk
 items never take more than their share, even of a batch that nothing else
 fills: an interactive request then waits behind a small bulk batch, not a full
@@ -20,7 +20,7 @@ one. With no interactive traffic, bulk items fill whole batches. An idle
 worker blocks on the normal queue (BLMOVE, woken at once by an LPUSH, a job's
 first move into its hands): a request that finds every lane empty is pushed
 there whatever its lane, and a full batch that leaves high or low jobs behind
-an empty normal queue moves one there (common/lua/push.lua, take.lua). It
+an empty normal queue moves one there (common/link/lua/push.lua, take.lua). It
 notices new bulk items within block_s (a second).
 
 Several batches may be in the in-flight list at once (one running, the next
@@ -34,19 +34,29 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import redis
 
-from funnel.common import lua_scripts
-from funnel.common.jobs import drop_stopped
-from funnel.common.keys import Keys
-from funnel.common.priority import LANES
-from funnel.common.wire import item_count, peek_job
+from funnel.common.bulk.jobs import drop_stopped
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.priority import LANES
+from funnel.common.contracts.wire import item_count, peek_job
+from funnel.common.link import lua_scripts
 from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
 from funnel.worker.linger import Linger
 
 POLL_S = 0.001
 INTERACTIVE_RECENT_S = 1.0  # bulk items fill whole batches only when no interactive job came this recently
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What one take brought."""
+
+    jobs: list[bytes]  # the messages to run, oldest first (wire bytes)
+    left: int = 0  # interactive jobs it dropped unrun, their clients gone (take.lua's `left`)
+    wait_s: float = 0.0  # how long the batch waited to fill (the linger)
 
 
 class JobQueue:
@@ -58,19 +68,18 @@ class JobQueue:
         self.inflight = keys.inflight(model, worker_id)
         self.gone = keys.gone(model)
         self.dropped = 0  # items of cancelled or expired jobs taken and never run
-        self.left = 0  # interactive jobs the take dropped unrun since last read: their client had left
-        self._take_more = lua_scripts.runner(client, "take")  # common/lua/take.lua
+        self._left = 0  # interactive jobs dropped unrun, their client gone, not yet handed out in a Taken
+        self._take_more = lua_scripts.runner(client, "take")  # common/link/lua/take.lua
         # Jobs may sit in our in-flight list from before a restart with the
         # same worker id, from a take cut short by a Redis error, or from one
         # whose answer was lost and that the client's retry ran again.
         self._maybe_leftovers = True
         self._inflight_length = 0  # the in-flight list's length after the last take script
-        self.last_wait_s = 0.0  # how long the last take waited for its batch to fill
         self._interactive_at = -math.inf  # when this worker last took an interactive job
         self._held = 0  # messages handed out by take() and not yet forgotten
         self._forgotten = threading.Condition()
 
-    def take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
+    def take(self, batch_size: int, linger: Linger, block_s: float) -> Taken:
         """Block up to block_s for the oldest job, then fill the batch up to batch_size items.
 
         Takes whatever is already queued at once, and waits for more only
@@ -79,21 +88,26 @@ class JobQueue:
         if self._maybe_leftovers:
             # Only the list's unknown messages are leftovers: wait until every batch handed out is answered.
             if not self._all_forgotten(block_s):
-                return []
+                return Taken([])
             leftovers: list[bytes] = self.client.lrange(self.inflight, 0, -1)  # type: ignore[assignment]
             if leftovers:
                 jobs = self._handed_out(self._drop_gone(leftovers[::-1]))  # LPUSHed, so oldest last
                 self._maybe_leftovers = False
-                return jobs
+                return Taken(jobs, self._counted_left())
         self._maybe_leftovers = True  # until this take completes
         with self._forgotten:
             held = self._held
-        raws = self._take(batch_size, linger, block_s)
+        raws, wait_s = self._take(batch_size, linger, block_s)
         jobs = self._handed_out(raws)
         # More in flight than held and taken (answers only shorten the list meanwhile): a take ran
         # whose jobs this worker never saw; the next take collects them once every batch is answered.
         self._maybe_leftovers = self._inflight_length > held + len(raws)
-        return jobs
+        return Taken(jobs, self._counted_left(), wait_s)
+
+    def _counted_left(self) -> int:
+        """The jobs dropped since the last take that returned (a take that raised hands its count on)."""
+        left, self._left = self._left, 0
+        return left
 
     def forget(self, count: int) -> None:
         """count messages handed out have left the in-flight list (their batch was answered)."""
@@ -118,7 +132,7 @@ class JobQueue:
             pipe.lrem(self.inflight, -1, raw)  # type: ignore[arg-type]  # bytes: as taken
             pipe.zrem(self.gone, job_id)
         pipe.execute()
-        self.left += len(left_unrun([job_id.encode() for _, job_id in gone]))
+        self._left += len(left_unrun([job_id.encode() for _, job_id in gone]))
         dropped = {raw for raw, _ in gone}
         return [raw for raw in raws if raw not in dropped]
 
@@ -147,14 +161,15 @@ class JobQueue:
         args = [count, *(max(0, p - c) for p, c in zip(places, counts)), *(max(0, c - n) for c, n in zip(caps, counts)),
                 int(newest)]
         taken, jobs, left, self._inflight_length = self._take_more([self.inflight, self.gone, *self.lanes], args)
-        self.left += len(left_unrun(left))
+        self._left += len(left_unrun(left))
         for i, n in enumerate(taken):
             counts[i] += n
         if any(taken[:-1]):
             self._interactive_at = time.monotonic()
         return jobs, left
 
-    def _take(self, batch_size: int, linger: Linger, block_s: float) -> list[bytes]:
+    def _take(self, batch_size: int, linger: Linger, block_s: float) -> tuple[list[bytes], float]:
+        """The jobs taken, and how long the batch waited to fill."""
         places = self.shares.reserve(batch_size)
         busy = time.monotonic() - self._interactive_at < INTERACTIVE_RECENT_S
         caps = [batch_size] * len(LANES) + [max(1, places[-1]) if busy else batch_size]  # bulk's, last
@@ -164,7 +179,7 @@ class JobQueue:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
             first = self.client.blmove(self.lanes[1], self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
             if first is None:
-                return []
+                return [], 0.0
             self._interactive_at = time.monotonic()
             # Its client may have left while it waited: the next take script checks it, as it checks
             # the jobs it moves itself (and takes whatever came meanwhile).
@@ -186,8 +201,7 @@ class JobQueue:
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.
             time.sleep(min(remaining, POLL_S))
         self.shares.spend(counts, batch_size)
-        self.last_wait_s = time.monotonic() - started
-        return jobs
+        return jobs, time.monotonic() - started
 
 
 def left_unrun(ids: list[bytes]) -> list[str]:

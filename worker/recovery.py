@@ -19,10 +19,11 @@ import logging
 
 import redis
 
-from funnel.common import lua_scripts, priority, registry
-from funnel.common.jobs import store_results, store_results_apart
-from funnel.common.keys import Keys
-from funnel.common.wire import Reply, WireError, decode_job, encode_job, encode_reply
+from funnel.common.bulk.jobs import store_results, store_results_apart
+from funnel.common.contracts import priority, registry
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply, WireError, decode_job, encode_job, encode_reply
+from funnel.common.link import lua_scripts
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from funnel.common import settings
-from funnel.common.keys import check_name, check_version
+from funnel.common.contracts.keys import check_name, check_version
 from funnel.common.settings import SharedSettings, setting
 
 
@@ -58,6 +58,8 @@ class WorkerSettings(SharedSettings):
                                        "(8 attempts: about an hour)")
     webhook_timeout_s: float = setting(5.0, "longest one webhook attempt may take: connect, send, the "
                                        "answer's status line; a claim is held 4 times as long")
+    test_hold: str = setting("", "for the fault suite only: STAGE:N:FILE holds the N-th batch at the end of "
+                             "STAGE (take, collate, run, reply, stored) and creates FILE (worker/hold.py)")
 
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WorkerSettings:

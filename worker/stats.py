@@ -3,14 +3,14 @@
 Prometheus reads them through the web tier's /metrics (from Redis), so a
 worker needs no port of its own: workers in compose or Kubernetes are found
 by their registry entries, not scraped one by one. The field names are the
-registry's (funnel.common.registry).
+registry's (funnel.common.contracts.registry).
 """
 
 from __future__ import annotations
 
 import threading
 
-from funnel.common.registry import BATCH_BUCKETS, COST_FIELDS, COUNTERS, bucket_field
+from funnel.common.contracts.registry import BATCH_BUCKETS, COST_FIELDS, COUNTERS, bucket_field
 from funnel.worker.linger import CostModel
 
 

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import redis
 
-from funnel.common import tracing
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
+from funnel.common.observability import tracing
 from funnel.common.tasks import Task
 from funnel.worker import batch as batching
 from funnel.worker.backend import Backend
 from funnel.worker.hold import Hold
 from funnel.worker.linger import CostModel, Linger
 from funnel.worker.queue import JobQueue
-from funnel.worker.reply import answer
+from funnel.worker.reply import Replier
 from funnel.worker.settings import WorkerSettings
 from funnel.worker.stats import Stats
 
@@ -41,27 +41,33 @@ MAX_BACKOFF_S = 0.5
 LEAD_S = 0.0005  # a late take's margin for waking up and handing its batch over
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Steps:
     settings: WorkerSettings
-    model: str
-    version: int
-    task: Task
+    task: Task  # the model version served (task.spec names it)
     backend: Backend
-    client: redis.Redis
+    device: str
+    batch_size: int
     keys: Keys
     queue: JobQueue
+    replier: Replier
     linger: Linger
     stats: Stats
     stop: threading.Event
-    batch_size: int
-    hold: Hold
+    hold: Hold  # the fault suite's seam (worker/hold.py); unset, it does nothing
     spans: tracing.Spans
-    device: str
     run_cost: CostModel = field(default_factory=CostModel)  # a run's seconds by its items, fed by reply
     run_fit: tuple[float, float] = (0.0, 0.0)  # run_cost's (a, b), for the taker to read whole
     prepare_s: float = 0.0  # how long taking and collating took lately
     handed: int = 0  # items to run in the batch this step returned last
+
+    @property
+    def model(self) -> str:
+        return self.task.spec.name
+
+    @property
+    def version(self) -> int:
+        return self.task.spec.version
 
     def take_and_collate(self) -> batching.Batch | None:
         """The next batch, its jobs moved to the in-flight list and collated; None if none came within BLOCK_S.
@@ -74,16 +80,17 @@ class Steps:
                 return None  # stopped: take nothing more
         started = time.monotonic()
         self.handed = 0
-        raws = retrying(lambda: self.queue.take(self.batch_size, self.linger, BLOCK_S), self.stop)
-        left, self.queue.left = self.queue.left, 0  # jobs the take dropped, their clients gone
-        if left:
-            self.stats.add(left=left)
-        if not raws:
+        taken = retrying(lambda: self.queue.take(self.batch_size, self.linger, BLOCK_S), self.stop)
+        if taken is None:  # stopped while Redis was down
             return None
-        wait_s = self.queue.last_wait_s
+        if taken.left:  # jobs the take dropped, their clients gone
+            self.stats.add(left=taken.left)
+        if not taken.jobs:
+            return None
+        wait_s = taken.wait_s
         self.hold("take")
         began = time.time_ns()
-        batch = batching.prepare(raws, self.task, self.model, self.keys, self.settings.worker_id, self.version,
+        batch = batching.prepare(taken.jobs, self.task, self.model, self.keys, self.settings.worker_id, self.version,
                                  self.batch_size)
         batch.steps["collate"] = (began, time.time_ns())
         batch.wait_s = wait_s
@@ -115,8 +122,7 @@ class Steps:
         self._record(batch)
 
     def _write(self, batch: batching.Batch) -> bool:
-        answer(self.client, self.keys, self.settings.worker_id, self.model, batch.replies, batch.dead,
-               self.settings.reply_ttl_s, batch.taken, batch.taken_ids)
+        self.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids)
         return True
 
     def _tell(self, batch: batching.Batch) -> None:

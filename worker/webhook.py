@@ -1,9 +1,9 @@
 """Delivering job webhooks: a background thread in every worker process.
 
 Due deliveries wait in one sorted set, funnel:webhooks (job id scored by when
-it is due), put there by the step that made the job final (common/lua/'s
+it is due), put there by the step that made the job final (common/link/lua/'s
 store_results.lua or cancel.lua; on a Redis Cluster by its caller just after,
-common/jobs.py's mark_due). The job's record holds the delivery's state and is
+common/bulk/jobs.py's mark_due). The job's record holds the delivery's state and is
 what decides; the due set is its index. A deliverer claims in two steps, each a
 Lua script on keys of one slot, since on a cluster the due set and a job's
 record are in different slots (and the same two steps on a single Redis: one
@@ -38,10 +38,11 @@ import uuid
 
 import redis
 
-from funnel.common import lua_scripts, webhooks
-from funnel.common.jobs import Record
-from funnel.common.keys import Keys
-from funnel.common.wire import now_ms
+from funnel.common.bulk import webhooks
+from funnel.common.bulk.jobs import Record
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import now_ms
+from funnel.common.link import lua_scripts
 from funnel.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ nothing else:
 
 - web: Inbox.collect, which the pipeline calls once Redis has acknowledged the
   push of a request's jobs: `queued-<pid>` gets their ids;
-- worker: reply.answer, once its transaction has been acknowledged:
+- worker: reply.Replier.answer (reply.answer in releases before it), once its
+  transaction has been acknowledged:
   `answered-<pid>` gets the ids it answered (bulk items' too, `<job>-<index>`);
   before it, `answering-<pid>` gets the ids of the replies it is about to
   send, so that a worker killed between Redis's acknowledgement and its own
@@ -54,11 +55,30 @@ def _web(inbox) -> None:
 
 
 def _worker(reply) -> None:
+    replier = getattr(reply, "Replier", None)
+    if replier is not None:  # the worker's Replier answers its batches
+        answer = replier.answer
+
+        @functools.wraps(answer)
+        def recorded(self, replies, *args, **kwargs):
+            _record("answering", [one.id for _, one in replies])
+            answered = answer(self, replies, *args, **kwargs)
+            _record("answered", answered)  # only those still in flight are answered
+            return answered
+
+        replier.answer = recorded
+        return
+    _worker_before_replier(reply)
+
+
+def _worker_before_replier(reply) -> None:
+    """A release whose reply module answers with a function, answer(client, keys, worker_id, model,
+    replies, ...) (the upgrade test runs one beside this code)."""
     answer = reply.answer
 
     @functools.wraps(answer)
     def recorded(client, keys, worker_id, model, replies, *args, **kwargs):
-        _record("answering", [reply.id for _, reply in replies])
+        _record("answering", [one.id for _, one in replies])
         answered = answer(client, keys, worker_id, model, replies, *args, **kwargs)
         _record("answered", answered)  # only those still in flight are answered
         return answered

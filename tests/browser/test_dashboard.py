@@ -16,7 +16,7 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from tests.browser.test_page import CHROMIUM, FLAGS, LAPTOP, WAIT_MS, expect, sync_api
-from tests.conftest import http
+from tests.support import http
 
 MODEL = "text-embedding"
 TEXTS = 4000  # a bulk job the worker takes seconds to drain: several readings see it

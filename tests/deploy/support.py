@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import http
+from tests.support import http
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.cpu.yml"]

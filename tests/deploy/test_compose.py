@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 import yaml
 
-from funnel.common.connection import connect, parse_sentinel_url
+from funnel.common.link.connection import connect, parse_sentinel_url
 from funnel.scripts.redis_local import LocalRedis, ask, free_port, port_open, redis_server_binary
-from tests.conftest import http
 from tests.deploy.support import (
     COMPOSE_FILES,
     ROOT,
@@ -37,7 +36,7 @@ from tests.deploy.support import (
     target_stage,
     variables,
 )
-from tests.faults.conftest import wait_for
+from tests.support import http, wait_for
 
 WORKERS = ("worker-image", "worker-text")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}

@@ -34,11 +34,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.redis_local import free_port
-from tests.conftest import http
 from tests.deploy.support import ROOT, listing
-from tests.faults.conftest import wait_for
+from tests.support import http, wait_for
 
 COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"

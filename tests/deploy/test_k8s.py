@@ -19,7 +19,7 @@ import pytest
 import redis
 import yaml
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.common.store import list_models
 from funnel.worker.settings import model_and_version
 from tests.deploy.support import K8S, k8s_documents, setting_names, target_stage
@@ -246,7 +246,7 @@ def test_sentinel_scalers_replace_the_default_ones_trigger_for_trigger():
 
 
 def test_the_secret_examples_sentinel_url_matches_its_keda_keys():
-    from funnel.common.connection import parse_sentinel_url
+    from funnel.common.link.connection import parse_sentinel_url
 
     text = (K8S / "redis-secret.example.yaml").read_text()
     (url,) = set(re.findall(r"url='(redis\+sentinel://[^']+)'", text))
@@ -293,7 +293,7 @@ def test_cluster_scalers_replace_the_default_ones_trigger_for_trigger():
 
 
 def test_the_secret_examples_cluster_url_matches_its_keda_keys():
-    from funnel.common.connection import parse_cluster_url
+    from funnel.common.link.connection import parse_cluster_url
 
     text = (K8S / "redis-secret.example.yaml").read_text()
     (url,) = set(re.findall(r"url='(redis\+cluster://[^']+)'", text))

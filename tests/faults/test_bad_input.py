@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common import wire
+from funnel.common.contracts import wire
 from funnel.scripts.stack import Stack
-from tests.conftest import http, jpeg_bytes, multipart
-from tests.faults.conftest import FAULT_TABLE, Outcome, wait_for
+from tests.support import FAULT_TABLE, Outcome, http, jpeg_bytes, multipart, wait_for
 
 IMAGE, TEXT = "image-classifier", "text-embedding"
 

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import chaos
 from funnel.scripts.front_door import nginx_binary
-from tests.faults.conftest import Outcome
+from tests.support import Outcome
 
 DURATION_S = 75.0
 SEED = 7

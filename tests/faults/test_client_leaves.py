@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
 from funnel.web.auth import owner_of
-from tests.conftest import http
-from tests.faults.conftest import one_paced_worker, wait_for
+from tests.support import http, one_paced_worker, wait_for
 
 PACED = "toy-paced"
 BODY = json.dumps({"input": [0.5, -1, 2, 0]}).encode()

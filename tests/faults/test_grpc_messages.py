@@ -16,11 +16,11 @@ import pytest
 import redis
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
-from funnel.common.keys import Keys
-from funnel.common.wire import decode_job
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import decode_job
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
-from tests.faults.conftest import wait_for
+from tests.support import wait_for
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 Request = service_pb2.ModelInferRequest

@@ -20,19 +20,11 @@ import redis
 import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from funnel.common.connection import scan_keys
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import scan_keys
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
-from tests.faults.conftest import (
-    FAST_HEARTBEAT,
-    TEXT,
-    Outcome,
-    assert_each_answered_once,
-    freeze_holding_jobs,
-    texts,
-    wait_for,
-)
+from tests.support import FAST_HEARTBEAT, TEXT, Outcome, assert_each_answered_once, freeze_holding_jobs, texts, wait_for
 
 RETRY_S = 0.2
 RETRIES = 150  # times RETRY_S: how long a caller keeps calling before the call counts as failed

@@ -13,8 +13,7 @@ from PIL import Image
 
 from funnel.common.tasks.imaging import MAX_JPEG_SCANS
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import FAULT_TABLE, Outcome, wait_for
+from tests.support import FAULT_TABLE, Outcome, http, wait_for
 
 IMAGE = "image-classifier"
 CATS = {"Egyptian cat", "tabby", "tiger cat"}

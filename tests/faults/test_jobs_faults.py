@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common.connection import connect
-from funnel.common.keys import Keys
-from funnel.common.wire import peek_job
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import peek_job
+from funnel.common.link.connection import connect
 from funnel.scripts.stack import Stack
 from funnel_client import verify_webhook
-from tests.conftest import WebhookReceiver, http
-from tests.faults.conftest import FAST_HEARTBEAT, TEXT, freeze_holding_jobs, wait_for
+from tests.support import FAST_HEARTBEAT, TEXT, WebhookReceiver, freeze_holding_jobs, http, wait_for
 
 
 def corpus(n: int, tag: str) -> list[str]:

@@ -14,11 +14,10 @@ import time
 import pytest
 import redis
 
-from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import FAST_HEARTBEAT, TEXT, wait_for
+from tests.support import FAST_HEARTBEAT, TEXT, http, wait_for
 
 ASKS = 8  # requests after the worker has gone, spread over the grace the web tier keeps for a restart
 SPREAD_S = 5.0  # within NO_WORKER_GRACE_S of the last answer

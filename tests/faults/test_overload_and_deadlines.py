@@ -7,8 +7,7 @@ import pytest
 import redis
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import Outcome, stray_replies, wait_for
+from tests.support import Outcome, http, stray_replies, wait_for
 
 IMAGE = "image-classifier"
 

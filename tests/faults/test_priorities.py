@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.redis_local import free_port
 from tests import toy_model
-from tests.conftest import http, metric
-from tests.faults.conftest import one_paced_worker, wait_for
+from tests.support import http, metric, one_paced_worker, wait_for
 
 PACED = "toy-paced"
 BODY = json.dumps({"input": [0.5, -1, 2, 0]}).encode()

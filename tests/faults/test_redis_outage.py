@@ -5,8 +5,7 @@ import signal
 import time
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import FAST_HEARTBEAT, TEXT, Outcome, load_running, send_texts, texts, wait_for
+from tests.support import FAST_HEARTBEAT, TEXT, Outcome, http, load_running, send_texts, texts, wait_for
 
 
 def test_redis_down_then_back(model_store, tmp_path, expected_embeddings, report):

@@ -25,11 +25,10 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
 from funnel.web.queueing.shedding import REFRESH_S
-from tests.conftest import http
-from tests.faults.conftest import TEXT, wait_for
+from tests.support import TEXT, http, wait_for
 
 CLIENTS = 8
 SHARE_SAMPLE = 2000  # answers counted while the weights are 90/10

@@ -4,7 +4,7 @@ import pytest
 
 from funnel.scripts.redis_local import LocalRedis
 from funnel.scripts.stack import Stack
-from tests.conftest import http
+from tests.support import http
 
 TEXT = "text-embedding"
 

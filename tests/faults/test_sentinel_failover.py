@@ -5,7 +5,7 @@ the figures printed here (pytest -s) are the ones docs/redis.md quotes.
 """
 
 from benchmarks import failover
-from tests.faults.conftest import Outcome
+from tests.support import Outcome
 
 CLIENTS, PATIENT = 6, 2  # clients that resend at once; clients through funnel_client, which waits as told
 AFTER_S = 12.0

@@ -21,8 +21,7 @@ import pytest
 
 from funnel.scripts.front_door import nginx_binary
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import FAULT_TABLE, Outcome, wait_for
+from tests.support import FAULT_TABLE, Outcome, http, wait_for
 
 TEXT = "text-embedding"
 SLOW_CLIENTS = 1000

@@ -23,12 +23,11 @@ import pytest
 import redis
 
 from benchmarks import ledger
-from funnel.common import registry
-from funnel.common.keys import Keys
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import TEXT, texts, wait_for
+from tests.support import TEXT, http, texts, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "fad619d8184d6846091a2819a82c9a38b6d61d98"  # the release before this one: moved on at each release

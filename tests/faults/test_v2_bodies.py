@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
-from tests.faults.conftest import FAULT_TABLE, Outcome
+from tests.support import FAULT_TABLE, Outcome
 
 IMAGE, TEXT = "image-classifier", "text-embedding"
 

@@ -14,12 +14,11 @@ import threading
 import pytest
 import redis
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.front_door import FrontDoor, nginx_binary
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import wait_for
+from tests.support import http, wait_for
 
 TEXT = "text-embedding"
 IN_FLIGHT = 8

@@ -16,7 +16,7 @@ import redis
 
 from funnel.scripts.stack import Stack
 from tests import toy_model
-from tests.faults.conftest import (
+from tests.support import (
     FAST_HEARTBEAT,
     PACE_S,
     PACED,

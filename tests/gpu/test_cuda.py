@@ -14,7 +14,7 @@ import torch
 
 from funnel.common.store import load_spec
 from funnel.worker import backend as backends
-from tests.conftest import cosines, image_feeds, text_feeds
+from tests.support import cosines, image_feeds, text_feeds
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")]

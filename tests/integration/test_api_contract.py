@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from funnel.scripts.stack import Stack  # noqa: E402
-from tests.conftest import http  # noqa: E402
+from tests.support import http  # noqa: E402
 
 KEY = "contract-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""web/protocols/jobs.py's predict_async view in the Flask app, against a real redis-server and no
+"""web/routes/jobs.py's predict_async view in the Flask app, against a real redis-server and no
 worker: the front hands Flask the predicts that ask for a job, and Flask routes them to it;
 `Prefer: respond-async` makes a job (202), a Webhook-URL alone is a 400, and a predict asking for
 neither is never made a job (the front answers those itself: tests/integration/test_front.py)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from funnel.common.keys import Keys
-from tests.conftest import flask_app
+from funnel.common.contracts.keys import Keys
+from tests.support import flask_app
 
 PREFIX = "async-view-test"
 TEXT = "/v1/models/text-embedding/predict"

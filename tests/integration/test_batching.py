@@ -8,11 +8,12 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from funnel.common import tasks, wire
+from funnel.common import tasks
+from funnel.common.contracts import wire
+from funnel.common.contracts.wire import Job
 from funnel.common.store import load_spec
-from funnel.common.wire import Job
 from tests import toy_model
-from tests.conftest import running_worker
+from tests.support import running_worker, wait_for
 
 MODEL = "text-embedding"
 PACED = "paced-score"  # tests/third_party/toyscore's PacedScore: every batch takes PACE_S, whatever its size
@@ -114,7 +115,9 @@ def test_a_job_arriving_within_the_linger_joins_the_batch(redis_client, redis_se
     with paced_worker_expecting_more(redis_client, redis_server, paced_store, keys, linger_ms=300) as vector:
         first, second = vector_job(keys, vector), vector_job(keys, [v + 1 for v in vector])
         push(redis_client, keys, [first])
-        time.sleep(0.05)  # the worker holds the first job by now, and waits for more
+        # The worker holds the first job (and waits for more) once it is in its in-flight list.
+        wait_for(lambda: redis_client.llen(keys.inflight(PACED, "test-worker")) == 1, timeout_s=10,
+                 interval_s=0.002, what="the first job taken")
         push(redis_client, keys, [second])
         replies = [await_reply(redis_client, first), await_reply(redis_client, second)]
     assert [(r.ok, r.batch_size) for r in replies] == [(True, 2), (True, 2)]
@@ -167,10 +170,7 @@ def await_one(client, keys, spec, text):
 
 
 def assert_worker_registered(client, keys, model=MODEL, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not client.exists(keys.worker(model, "test-worker")):
-        assert time.monotonic() < deadline, "worker never registered"
-        time.sleep(0.05)
+    wait_for(lambda: client.exists(keys.worker(model, "test-worker")), timeout_s=timeout, what="the worker registered")
 
 
 def test_a_bad_item_fails_alone(redis_client, redis_server, model_store, spec, keys):

@@ -15,21 +15,23 @@ import numpy as np
 import orjson
 import pytest
 
-from funnel.common import registry, tasks
-from funnel.common.connection import connect, scan_keys
-from funnel.common.keys import Keys
+from funnel.common import tasks
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import connect, scan_keys
 from funnel.common.store import load_spec
 from funnel.scripts.redis_local import redis_cli_binary
 from funnel.scripts.stack import Stack
 from funnel.web.queueing.shedding import REFRESH_S
 from funnel_client import verify_webhook
-from tests.conftest import WebhookReceiver, http
-from tests.faults.conftest import (
+from tests.support import (
     FAST_HEARTBEAT,
     TEXT,
     Outcome,
+    WebhookReceiver,
     assert_each_answered_once,
     freeze_holding_jobs,
+    http,
     load_running,
     send_texts,
     stray_replies,
@@ -285,7 +287,7 @@ def test_a_worker_killed_mid_batch_has_its_jobs_answered_once(stack, client, ref
 
 def test_a_bulk_item_past_its_attempts_is_answered_into_its_job_on_a_cluster(client):
     """Recovery stores the too_many_attempts error in the job's slot, apart from its requeue MULTI."""
-    from funnel.common import wire
+    from funnel.common.contracts import wire
     from funnel.worker.recovery import Recovery
     from tests.unit.test_jobs import make_job
 

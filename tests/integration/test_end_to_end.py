@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from funnel.scripts.stack import Stack
-from tests.conftest import ROOT, http, multipart
+from tests.support import ROOT, http, multipart
 
 CAT_CLASSES = {281, 282, 283, 284, 285, 286, 287}  # tabby .. lynx
 

@@ -21,7 +21,7 @@ from funnel.web import server
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 from funnel.web.transport.protocol import Protocol
-from tests.conftest import http, metric, multipart
+from tests.support import http, metric, multipart
 
 KEY = "front-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

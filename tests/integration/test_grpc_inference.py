@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from funnel.scripts.redis_local import free_port
 from funnel.scripts.stack import Stack
-from tests.conftest import SENTENCES, http
+from tests.support import SENTENCES, http
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 KEY = "grpc-test-key"

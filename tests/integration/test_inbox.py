@@ -6,9 +6,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply, encode_reply, now_ms
 from funnel.common.errors import Timeout, Unavailable
-from funnel.common.keys import Keys
-from funnel.common.wire import Reply, encode_reply, now_ms
 from funnel.scripts.redis_local import LocalRedis, wait_until
 from funnel.web.queueing.inbox import Inbox
 

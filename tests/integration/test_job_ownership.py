@@ -18,14 +18,13 @@ import urllib.request
 import pytest
 import redis
 
-from funnel.common import jobs
-from funnel.common.keys import Keys
+from funnel.common.bulk import jobs
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
 from funnel.web import auth
 from funnel_client import Client, NotFound, Unauthorized
-from tests.conftest import WebhookReceiver, flask_app, http, metric
-from tests.faults.conftest import wait_for
 from tests.integration.test_client import run_script
+from tests.support import WebhookReceiver, flask_app, http, metric, wait_for
 
 TEXT = "text-embedding"
 API_KEYS = "alice=keyA,bob=keyB,ops=keyC"

@@ -1,4 +1,4 @@
-"""The job store (common/job_store.py) and the submit (web/pipeline.py's submit_job) against a real
+"""The job store (common/bulk/job_store.py) and the submit (web/pipeline.py's submit_job) against a real
 redis-server: a job created whole, replayed by Idempotency-Key (same body: the job; another body:
 422), concurrent submits with one key making one job, unknown (404) against expired (410) ids,
 cancel, pages of results, the bulk queue's limit, a bad item named by its index."""
@@ -12,19 +12,21 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common import jobs, tasks
-from funnel.common.connection import connect, scan_keys
+from funnel.common import tasks
+from funnel.common.bulk import jobs
+from funnel.common.bulk.job_store import Conflict, Gone, JobStore
+from funnel.common.bulk.job_submit import SubmitLimits
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply, decode_job, now_ms
 from funnel.common.errors import BadInput, NotFound, Overloaded
-from funnel.common.job_store import Conflict, Gone, JobStore
-from funnel.common.job_submit import SubmitLimits
-from funnel.common.keys import Keys
+from funnel.common.link.connection import connect, scan_keys
 from funnel.common.store import load_spec
-from funnel.common.wire import Reply, decode_job, now_ms
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
-from funnel.worker.reply import answer
+from funnel.worker.reply import Replier
 from tests.cutting_proxy import CuttingProxy
+from tests.support import wait_for
 
 MODEL = "text-embedding"
 TTL_S = 60
@@ -71,7 +73,7 @@ def reply_to(redis_client, keys, job_id: str, *indices: int, ok: bool = True) ->
     results = keys.job_results(job_id)
     replies = [(results, Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
                 if ok else Reply.failure(jobs.item_id(job_id, i), "bad_input", "no")) for i in indices]
-    answer(redis_client, keys, "w1", MODEL, replies, [], 60)
+    Replier(redis_client, keys, "w1", MODEL, 60).answer(replies, [])
 
 
 def test_a_job_is_created_whole(store, task, redis_client, keys):
@@ -223,10 +225,8 @@ def test_a_job_past_its_ttl_is_gone(task, redis_client, keys):
     store = JobStore(redis_client, keys, ttl_s=1)
     record, _ = make(store, task, ["short lived"])
     assert store.load(record.id, ANYONE)[0].state == "queued"
-    deadline = time.monotonic() + 5
-    while redis_client.exists(keys.job(record.id)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(max(0.0, (record.created_ms + 1000 - now_ms()) / 1000))
+    wait_for(lambda: not redis_client.exists(keys.job(record.id)), timeout_s=5, what="the record expired")
+    wait_for(lambda: now_ms() > record.created_ms + 1000, timeout_s=5, what="the job past its TTL")
     with pytest.raises(Gone):
         store.load(record.id, ANYONE)
 
@@ -328,7 +328,7 @@ def test_another_callers_job_past_its_creation_ttl_reads_as_a_missing_id_of_that
     store = JobStore(redis_client, keys, ttl_s=1)
     record, _ = make(store, task, ["old but alive"], caller=ALICE)
     redis_client.pexpire(keys.job(record.id), 60_000)  # as an answered item pushes the TTL on
-    time.sleep(1.1)
+    wait_for(lambda: now_ms() > record.created_ms + 1000, timeout_s=5, what="the job past its creation TTL")
     assert store.load(record.id, ALICE)[0].id == record.id
     made_up = jobs.new_job_id(record.created_ms)
     assert refusal(lambda: store.load(record.id, BOB))[:3] == refusal(lambda: store.load(made_up, BOB))[:3] \

@@ -13,10 +13,9 @@ import pytest
 import redis
 from werkzeug.datastructures import Headers
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import wait_for
+from tests.support import http, wait_for
 
 TEXT = "text-embedding"
 BATCH = 32

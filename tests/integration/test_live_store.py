@@ -6,8 +6,7 @@ from __future__ import annotations
 import shutil
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import TEXT, wait_for
+from tests.support import TEXT, http, wait_for
 
 LIVE_S = 10  # the bound; the catalog looks again every 5 s
 COPY = "text-copy"

@@ -8,7 +8,7 @@ import torch
 from funnel.common.store import load_spec
 from funnel.scripts import prepare_model
 from funnel.worker import backend as backends
-from tests.conftest import SENTENCES, cosines, image_feeds, text_feeds
+from tests.support import SENTENCES, cosines, image_feeds, text_feeds
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from funnel.scripts.stack import Stack
-from tests.conftest import SENTENCES, http, jpeg_bytes
+from tests.support import SENTENCES, http, jpeg_bytes
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 

@@ -15,7 +15,7 @@ import pytest
 from funnel.common import tasks
 from funnel.common.store import load_spec
 from funnel.scripts.stack import Stack
-from tests.conftest import SENTENCES, http
+from tests.support import SENTENCES, http
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 KEY = "openai-test-key"

@@ -12,8 +12,7 @@ import pytest
 
 from funnel.scripts.redis_local import redis_cli_binary
 from funnel.scripts.stack import Stack
-from tests.conftest import http, metric
-from tests.faults.conftest import wait_for
+from tests.support import http, metric, wait_for
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 

@@ -19,7 +19,7 @@ import pytest
 
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.scripts.stack import Stack
-from tests.conftest import ROOT, http
+from tests.support import ROOT, http
 
 BIN = Path(sys.executable).parent
 
@@ -52,6 +52,12 @@ def test_the_server_wheel_holds_the_packages_their_files_and_scripts(wheels):
                      "funnel/scripts/cli.py", "funnel/web/openapi.json", "funnel/web/static/funnel.js",
                      "funnel/web/templates/index.html"):
         assert expected in names, expected
+    # Every package of the source tree, and the Lua scripts: a subpackage missing from pyproject.toml's
+    # list would be left out of the wheel while the editable install hides it.
+    for package in ("common", "web", "worker", "scripts"):
+        for found in (ROOT / package).rglob("*"):
+            if found.name == "__init__.py" or found.suffix == ".lua":
+                assert f"funnel/{found.relative_to(ROOT).as_posix()}" in names, found
     assert not [n for n in names if n.startswith(("tests/", "common/", "web/", "worker/", "benchmarks/"))]
     entry_points = next(zipfile.ZipFile(wheels["funnel"]).read(n).decode() for n in names
                         if n.endswith("entry_points.txt"))

@@ -3,8 +3,8 @@
 import msgpack
 import numpy as np
 
-from funnel.common import wire
-from funnel.common.wire import Job
+from funnel.common.contracts import wire
+from funnel.common.contracts.wire import Job
 from funnel.worker.recovery import Recovery
 
 MODEL = "text-embedding"
@@ -115,7 +115,7 @@ def test_an_outage_longer_than_the_heartbeat_ttl_makes_no_live_worker_look_dead(
 
     from funnel.worker.heartbeat import Heartbeat
     from tests.cutting_proxy import CuttingProxy
-    from tests.faults.conftest import wait_for
+    from tests.support import wait_for
 
     ttl_s = 1.5
     proxy = CuttingProxy(redis_server.port)

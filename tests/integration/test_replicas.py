@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common import jobs
-from funnel.common.connection import connect
+from funnel.common.bulk import jobs
+from funnel.common.bulk.job_store import REPLICA_WAIT_MS, JobStore
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import decode_job, now_ms
 from funnel.common.errors import NotReplicated, Timeout
-from funnel.common.job_store import REPLICA_WAIT_MS, JobStore
-from funnel.common.keys import Keys
-from funnel.common.wire import decode_job, now_ms
+from funnel.common.link.connection import connect
 from funnel.scripts.redis_local import LocalCluster, LocalRedis, ask, wait_until
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Origin, Pipeline

@@ -5,7 +5,7 @@ import time
 import pytest
 import redis
 
-from funnel.common.connection import connect
+from funnel.common.link.connection import connect
 from funnel.scripts.redis_local import LocalSentinels, ask, wait_until
 
 PUSH = "return redis.call('LPUSH', KEYS[1], ARGV[1])"  # a write from Lua, as the web's push and the worker's take

@@ -17,7 +17,7 @@ import pytest
 
 from funnel.scripts.prepare_model import DEFAULT_MODELS, prepare
 from funnel.scripts.stack import Stack
-from tests.conftest import http, multipart
+from tests.support import http, multipart
 
 MODEL = "text-recognizer"
 LINES = ["Hello World", "42", "Funnel batches requests", "Redis 7.0.15",

@@ -12,9 +12,8 @@ import os
 import pytest
 
 from funnel.scripts.stack import Stack
-from tests.conftest import http
-from tests.faults.conftest import wait_for
 from tests.otlp_receiver import Receiver
+from tests.support import http, wait_for
 
 TEXT = "text-embedding"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

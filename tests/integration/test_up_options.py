@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from funnel.common import registry
+from funnel.common.contracts import registry
 from funnel.scripts import stack
 from funnel.scripts.redis_local import wait_until
 

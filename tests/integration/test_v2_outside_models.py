@@ -19,7 +19,7 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from tests import toy_model
-from tests.conftest import http
+from tests.support import http
 from tests.toy_model import SCALE, expected_scores
 
 BY_BATCH, BY_WIDTH, READY = "toy-scaled", "toy-scaled-by-width", "toy-score-ready"

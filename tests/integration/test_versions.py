@@ -18,12 +18,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from funnel.common import registry, tasks, traffic, wire
+from funnel.common import tasks
+from funnel.common.contracts import registry, traffic, wire
+from funnel.common.contracts.wire import Job
 from funnel.common.store import list_versions, load_spec
-from funnel.common.wire import Job
 from funnel.worker.settings import WorkerSettings, model_and_version
 from tests import conftest, toy_model
-from tests.faults.conftest import wait_for
+from tests.support import wait_for
 
 MODEL = "text-embedding"
 FUNNEL = str(Path(sys.executable).parent / "funnel")

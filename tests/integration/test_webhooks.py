@@ -10,8 +10,7 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from funnel_client import WebhookVerificationError, verify_webhook
-from tests.conftest import WebhookReceiver, http
-from tests.faults.conftest import wait_for
+from tests.support import WebhookReceiver, http, wait_for
 
 TEXT = "text-embedding"
 SECRET = "test-webhook-secret"

@@ -18,7 +18,7 @@ import pytest
 from funnel.scripts.stack import Stack
 from funnel_client import BadRequest, Client
 from tests import toy_model
-from tests.conftest import ROOT, http
+from tests.support import ROOT, http
 from tests.toy_model import LABELS, expected_scores, funnel
 
 NAME = "toy-score"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from flask import Flask
 
-from funnel.common.jobs import Caller
+from funnel.common.bulk.jobs import Caller
 from funnel.web import auth, errors
 from funnel.web.settings import WebSettings
 

@@ -11,7 +11,7 @@ from funnel.common import settings
 from funnel.scripts import cli, entry, stack
 from funnel.scripts.entry import PREPARE, WEB, WORKER
 from funnel.worker.settings import WorkerSettings
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 BIN = Path(sys.executable).parent
 

@@ -7,8 +7,8 @@ import redis
 from redis.exceptions import RedisClusterException
 from redis.sentinel import SentinelConnectionPool
 
-from funnel.common import connection
-from funnel.common.connection import connect, is_cluster, is_sentinel, parse_cluster_url, parse_sentinel_url
+from funnel.common.link import connection
+from funnel.common.link.connection import connect, is_cluster, is_sentinel, parse_cluster_url, parse_sentinel_url
 from funnel.scripts.redis_local import free_port
 
 

@@ -106,7 +106,7 @@ def test_expired_claims_do_not_count(redis_client, keys):
 
 
 def test_keys_follow_the_prefix(redis_client):
-    from funnel.common.keys import Keys
+    from funnel.common.contracts.keys import Keys
 
     other = Keys("other")
     register(redis_client, Keys("funnel"), "a", "cuda:0")

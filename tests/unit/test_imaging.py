@@ -27,7 +27,7 @@ from PIL import Image, PngImagePlugin
 from funnel.common.errors import BadInput, Overloaded
 from funnel.common.tasks import imaging
 from funnel.common.tasks.imaging import MAX_ASPECT, MAX_JPEG_SCANS, PixelBudget, center_crop, decode
-from tests.conftest import jpeg_bytes
+from tests.support import jpeg_bytes
 
 RESIZE, CROP = 256, 224
 LIMIT = 250_000  # a small pixel limit keeps the generated images cheap to make

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common import jobs
-from funnel.common.connection import connect
-from funnel.common.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
-from funnel.web.protocols.jobs import wants_async
+from funnel.common.bulk import jobs
+from funnel.common.contracts.wire import Job, Reply, decode_job, decode_reply, encode_job, now_ms
+from funnel.common.link.connection import connect
+from funnel.web.routes.jobs import wants_async
 from funnel.worker import queue as worker_queue
 from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
-from funnel.worker.reply import answer
+from funnel.worker.reply import Replier
 from tests.cutting_proxy import CuttingProxy
 
 
@@ -84,16 +84,16 @@ def test_batches_fill_from_interactive_first_with_a_share_for_bulk(redis_client,
     redis_client.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(100)])
     queue = JobQueue(redis_client, keys, "m", "w1", bulk_share=0.25)
     linger = Linger(0)
-    taken = queue.take(8, linger, 0.1)
+    taken = queue.take(8, linger, 0.1).jobs
     assert sum(keys.job(job_id).encode() in raw for raw in taken) == 2  # ceil(0.25 * 8)
     assert len(taken) == 8 and redis_client.llen(keys.inflight("m", "w1")) == 8
     redis_client.delete(keys.queue("m"), keys.inflight("m", "w1"))
     linger = FixedWait(20)  # time to poll again: bulk still keeps to its share
-    taken = queue.take(8, linger, 0.1)  # interactive jobs came just now: a small bulk batch
+    taken = queue.take(8, linger, 0.1).jobs  # interactive jobs came just now: a small bulk batch
     assert len(taken) == 2 and all(keys.job(job_id).encode() in raw for raw in taken)
     redis_client.delete(keys.inflight("m", "w1"))
     queue._interactive_at -= worker_queue.INTERACTIVE_RECENT_S  # none since: bulk fills the batch
-    taken = queue.take(8, linger, 0.1)
+    taken = queue.take(8, linger, 0.1).jobs
     assert len(taken) == 8 and all(keys.job(job_id).encode() in raw for raw in taken)
     # Oldest first: items 4.. (0 to 3 went in the first two takes), in order.
     assert [decode_job(raw).id.rsplit("-", 1)[1] for raw in taken] == [str(i) for i in range(4, 12)]
@@ -105,7 +105,7 @@ def test_items_of_cancelled_or_expired_jobs_are_dropped_unrun(redis_client, keys
     redis_client.lpush(keys.bulk("m"), item(keys, cancelled, 0), item(keys, "f" * 32, 0),
                        item(keys, live, 0), item(keys, cancelled, 1))
     queue = JobQueue(redis_client, keys, "m", "w1")
-    taken = queue.take(8, Linger(0), 0.1)
+    taken = queue.take(8, Linger(0), 0.1).jobs
     assert len(taken) == 1 and live.encode() in taken[0] and queue.dropped == 3
     assert redis_client.llen(keys.bulk("m")) == 0
 
@@ -115,14 +115,14 @@ def test_replies_are_stored_by_index_once_with_the_jobs_ttl(redis_client, keys):
     results = keys.job_results(job_id)
     ok = Reply(id=jobs.item_id(job_id, 2), ok=True, outputs={"y": np.ones(2, np.float32)})
     bad = Reply.failure(jobs.item_id(job_id, 0), "bad_input", "no")
-    answer(redis_client, keys, "w1", "m", [(results, ok), (results, bad)], [], 60)
-    answer(redis_client, keys, "w1", "m", [(results, ok)], [], 60)  # answered twice: stored once
+    Replier(redis_client, keys, "w1", "m", 60).answer([(results, ok), (results, bad)], [])
+    Replier(redis_client, keys, "w1", "m", 60).answer([(results, ok)], [])  # answered twice: stored once
     record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
     assert (record.done, record.failed, record.duplicates, record.state) == (2, 1, 1, "running")
     assert decode_reply(redis_client.hget(results, 2)).ok and not redis_client.hexists(results, 1)
     assert 0 < redis_client.pttl(results) <= 60_000 and 0 < redis_client.pttl(keys.job(job_id)) <= 60_000
     last = Reply(id=jobs.item_id(job_id, 1), ok=True, outputs={"y": 1})
-    answer(redis_client, keys, "w1", "m", [(results, last)], [], 60)
+    Replier(redis_client, keys, "w1", "m", 60).answer([(results, last)], [])
     record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
     assert record.state == "done" and record.finished_ms > 0
 
@@ -130,7 +130,7 @@ def test_replies_are_stored_by_index_once_with_the_jobs_ttl(redis_client, keys):
 def test_results_of_an_expired_job_are_dropped(redis_client, keys):
     job_id = jobs.new_job_id()
     reply = Reply(id=jobs.item_id(job_id, 0), ok=True, outputs={"y": 1})
-    answer(redis_client, keys, "w1", "m", [(keys.job_results(job_id), reply)], [], 60)
+    Replier(redis_client, keys, "w1", "m", 60).answer([(keys.job_results(job_id), reply)], [])
     assert not redis_client.exists(keys.job_results(job_id), keys.job(job_id))
 
 
@@ -144,15 +144,15 @@ def test_jobs_of_a_take_whose_answer_was_lost_are_taken_next(redis_server, keys)
     try:
         direct.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(6)])
         queue = JobQueue(client, keys, "m", "w1")
-        first = queue.take(2, Linger(0), 0.1)
+        first = queue.take(2, Linger(0), 0.1).jobs
         assert [decode_job(raw).id for raw in first] == ["i0", "i1"]
         proxy.arm(after=b"EVALSHA")
-        second = queue.take(2, Linger(0), 0.1)  # i2 and i3 taken by the lost run, i4 and i5 by the retry
+        second = queue.take(2, Linger(0), 0.1).jobs  # i2 and i3 taken by the lost run, i4 and i5 by the retry
         assert proxy.cuts == 1 and [decode_job(raw).id for raw in second] == ["i4", "i5"]
         for raw in first + second:  # answered: out of the in-flight list
             direct.lrem(keys.inflight("m", "w1"), 0, raw)
         queue.forget(len(first) + len(second))
-        assert sorted(decode_job(raw).id for raw in queue.take(2, Linger(0), 0.1)) == ["i2", "i3"]
+        assert sorted(decode_job(raw).id for raw in queue.take(2, Linger(0), 0.1).jobs) == ["i2", "i3"]
     finally:
         client.close()
         proxy.close()

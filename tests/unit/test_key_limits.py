@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from funnel.common import lua_scripts
+from funnel.common.link import lua_scripts
 from funnel.web.queueing import limits, push_script
 
 
@@ -37,9 +37,9 @@ def test_the_bucket_refills_at_the_rate(redis_client, keys):
     limit = limits.Limit(rate=2, burst=2)
 
     def send(now_ms: int) -> list:
-        return push(keys=push_script.keys_of(keys, "m", 1, "owner1", ()),
-                    args=push_script.args_of(0, None, 10, limit, now_ms, f"t{now_ms}", now_ms + 10_000, "normal",
-                                             [b"job"]))
+        call = push_script.PushCall(model="m", version=1, lane="normal", jobs=[b"job"], budget_s=10, owner="owner1",
+                                    limit=limit, now_ms=now_ms, token=f"t{now_ms}", deadline_ms=now_ms + 10_000)
+        return push(keys=call.keys(keys), args=call.args())
 
     t = 1_000_000
     assert send(t)[0] == 1 and send(t)[0] == 1

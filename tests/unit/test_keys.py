@@ -1,7 +1,7 @@
 import pytest
 from redis.crc import key_slot
 
-from funnel.common.keys import Keys, model_of, version_of
+from funnel.common.contracts.keys import Keys, model_of, version_of
 
 TEXT, IMAGE = "text-embedding", "image-classifier"
 

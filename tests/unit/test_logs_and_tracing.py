@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from funnel.common import logs, tracing
+from funnel.common.observability import logs, tracing
 from tests.otlp_receiver import Receiver
 
 
@@ -83,10 +83,11 @@ def test_off_a_request_has_no_trace_and_its_with_lets_exceptions_through(monkeyp
     spans = tracing.Spans("funnel-test")
     assert spans.tracer is None
     trace = spans.request("predict", "m", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-    assert trace is None
-    with trace or tracing.NO_SPAN, trace or tracing.NO_SPAN:  # the no-op is stateless: entered twice
-        pass
-    with pytest.raises(KeyError), trace or tracing.NO_SPAN:  # the no-op must not swallow what its block raises
+    assert trace is tracing.NO_TRACE and trace.traceparent == ""
+    with trace, trace:  # the no-op is stateless: entered twice
+        trace.step("parse", model="m")
+        trace.annotate(items=3)
+    with pytest.raises(KeyError), trace:  # the no-op must not swallow what its block raises
         raise KeyError("inside")
 
 
@@ -143,6 +144,6 @@ def test_the_benchmarks_stripped_pipeline_has_no_tracing_left():
     stripped = strip_spans((ROOT / "web" / "pipeline.py").read_text())
     compile(stripped, "pipeline.py", "exec")
     assert "self.spans.request" not in stripped and "trace.step" not in stripped and "trace.annotate" not in stripped
-    assert "trace.traceparent" not in stripped and "NO_SPAN" not in stripped
+    assert "trace.traceparent" not in stripped and "with trace" not in stripped
     with pytest.raises(SystemExit):  # a hook of a shape it does not know is not silently kept
-        strip_spans("def f(trace):\n    if trace:\n        a()\n    else:\n        b()\n")
+        strip_spans("def f(trace, other):\n    with trace, other:\n        a()\n")

@@ -1,4 +1,4 @@
-"""The Lua scripts' home (common/lua/, common/lua_scripts.py): every script compiles in a real
+"""The Lua scripts' home (common/link/lua/, common/link/lua_scripts.py): every script compiles in a real
 Redis, its header names every KEYS[i] and ARGV[i] it reads and what it returns, snippets are
 included, and the files ship in the package."""
 
@@ -11,8 +11,8 @@ import tomllib
 import pytest
 import redis
 
-from funnel.common import lua_scripts
-from tests.conftest import ROOT
+from funnel.common.link import lua_scripts
+from tests.support import ROOT
 
 SNIPPETS = {"webhook_due"}  # a function for other scripts, not a script of its own
 SCRIPTS = sorted(set(lua_scripts.names()) - SNIPPETS)
@@ -72,9 +72,10 @@ def test_an_included_snippet_comes_first_once():
 def test_the_lua_files_ship_in_the_package():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"]["funnel.common"] == "common"
-    patterns = config["package-data"]["funnel.common"]
+    assert "funnel.common.link" in config["packages"]
+    patterns = config["package-data"]["funnel.common.link"]
     for path in lua_scripts.HOME.glob("*.lua"):
-        relative = path.relative_to(ROOT / "common").as_posix()
+        relative = path.relative_to(ROOT / "common" / "link").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
 
 

@@ -11,10 +11,10 @@ import time
 import pytest
 import redis
 
-from funnel.common.connection import connect
+from funnel.common.bulk.job_store import REPLICA_WAIT_MS
 from funnel.common.errors import NotReplicated
-from funnel.common.job_store import REPLICA_WAIT_MS
-from funnel.common.line import Line
+from funnel.common.link.connection import connect
+from funnel.common.link.line import Line
 from funnel.scripts.redis_local import free_port, wait_until
 from funnel.web.queueing.outbox import Outbox
 from tests.cutting_proxy import CuttingProxy
@@ -100,7 +100,7 @@ def test_with_replicas_a_wait_runs_off_the_loop_and_the_pushes_behind_it_go_toge
 
 
 def test_a_push_whose_answer_is_lost_is_not_sent_again(redis_server):
-    """The client retries a connection error once (common/connection.py); a push's round trip is not
+    """The client retries a connection error once (common/link/connection.py); a push's round trip is not
     sent again once written, since the failed one may have run: its jobs would be queued twice."""
     proxy = CuttingProxy(redis_server.port)
     client = connect(f"redis://127.0.0.1:{proxy.port}", socket_timeout=3)

@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from funnel.common import lua_scripts, priority
+from funnel.common.contracts import priority
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Job, decode_job, encode_job, now_ms
 from funnel.common.errors import BadInput
-from funnel.common.keys import Keys
-from funnel.common.wire import Job, decode_job, encode_job, now_ms
+from funnel.common.link import lua_scripts
 from funnel.web.queueing import push_script
 from funnel.web.queueing.limits import parse as parse_limits
 from funnel.worker import queue as worker_queue
@@ -30,8 +31,9 @@ def job(lane: str, n: int) -> bytes:
 
 def push(redis_client, keys: Keys, lane: str, jobs: list[bytes], max_queue: int = 0) -> list:
     script = lua_scripts.register(redis_client, "push")
-    return script(keys=push_script.keys_of(keys, MODEL, 1, push_script.UNLIMITED, ()),
-                  args=push_script.args_of(max_queue, None, 10, None, 0, "t", 0, lane, jobs))
+    call = push_script.PushCall(model=MODEL, version=1, lane=lane, jobs=jobs, max_queue=max_queue, budget_s=10,
+                                token="t")
+    return script(keys=call.keys(keys), args=call.args())
 
 
 @pytest.mark.parametrize(("value", "lane"), [
@@ -80,7 +82,7 @@ def test_a_batch_takes_high_first_and_every_lane_its_floor_share(redis_client, k
     queue = JobQueue(redis_client, keys, MODEL, "w1", bulk_share=0.25)
     served = {"high": 0, "normal": 0, "low": 0, "bulk": 0}
     for _ in range(10):
-        taken = queue.take(10, Linger(0), 0.1)
+        taken = queue.take(10, Linger(0), 0.1).jobs
         assert len(taken) == 10
         for raw in taken:
             lane = "bulk" if keys.job(bulk_job).encode() in raw else decode_job(raw).priority or "normal"
@@ -112,12 +114,12 @@ def test_floor_shares_hold_with_batches_of_one():
 def test_high_jobs_left_behind_an_empty_normal_queue_wake_an_idle_worker(redis_client, keys):
     redis_client.lpush(keys.queue(MODEL, 1, "high"), *[job("high", n) for n in range(3)])
     queue = JobQueue(redis_client, keys, MODEL, "w1")
-    assert len(queue.take(2, Linger(0), 0.1)) == 2
+    assert len(queue.take(2, Linger(0), 0.1).jobs) == 2
     # One moved to where idle workers block: another worker's BLMOVE takes it at once.
     assert redis_client.llen(keys.queue(MODEL)) == 1 and redis_client.llen(keys.queue(MODEL, 1, "high")) == 0
     other = JobQueue(redis_client, keys, MODEL, "w2")
     queue._interactive_at -= worker_queue.INTERACTIVE_RECENT_S
-    assert [decode_job(raw).id for raw in other.take(4, Linger(0), 0.1)] == ["high-2"]
+    assert [decode_job(raw).id for raw in other.take(4, Linger(0), 0.1).jobs] == ["high-2"]
 
 
 def test_while_an_older_worker_serves_a_version_its_requests_are_served_as_normal():
@@ -139,7 +141,7 @@ def several(lane: str, n: int, count: int) -> bytes:
 def test_a_take_counts_items_as_the_message_says(redis_client, keys, count):
     redis_client.lpush(keys.queue(MODEL), several("normal", 0, count), job("normal", 1))
     queue = JobQueue(redis_client, keys, MODEL, "w1")
-    taken = queue.take(count + 1, Linger(0), 0.1)  # room for both: the job's items and the one behind it
+    taken = queue.take(count + 1, Linger(0), 0.1).jobs  # room for both: the job's items and the one behind it
     assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-1"]
 
 
@@ -150,7 +152,7 @@ def test_a_lane_takes_jobs_while_it_has_room_so_a_batch_overruns_by_less_than_a_
     queue = JobQueue(redis_client, keys, MODEL, "w1")
 
     def take(size: int) -> list[str]:
-        taken = queue.take(size, Linger(0), 0.1)
+        taken = queue.take(size, Linger(0), 0.1).jobs
         redis_client.delete(keys.inflight(MODEL, "w1"))
         queue.forget(len(taken))
         return [decode_job(raw).id for raw in taken]
@@ -169,7 +171,7 @@ def test_floor_shares_count_items_and_a_big_job_in_high_does_not_starve_the_lane
     queue = JobQueue(redis_client, keys, MODEL, "w1")
     items = {"high": 0, "normal": 0, "low": 0}
     for _ in range(20):
-        taken = queue.take(10, Linger(0), 0.1)
+        taken = queue.take(10, Linger(0), 0.1).jobs
         for raw in taken:
             decoded = decode_job(raw)
             items[decoded.priority or "normal"] += len(decoded.items)
@@ -179,7 +181,7 @@ def test_floor_shares_count_items_and_a_big_job_in_high_does_not_starve_the_lane
 
 
 def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(redis_client, keys):
-    from funnel.common.wire import encode_job as encode
+    from funnel.common.contracts.wire import encode_job as encode
 
     leave = lua_scripts.register(redis_client, "leave")
     normal = keys.queue(MODEL)
@@ -189,8 +191,8 @@ def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(red
     leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "normal-1", "x" * 40, "elsewhere"])
     queue = JobQueue(redis_client, keys, MODEL, "w1")
     taken = queue.take(10, Linger(0), 0.1)
-    assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-3"] and queue.left == 2
-    assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken  # the dropped are not held
+    assert [decode_job(raw).id for raw in taken.jobs] == ["normal-0", "normal-3"] and taken.left == 2
+    assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken.jobs  # the dropped are not held
     assert redis_client.zrange(keys.gone(MODEL), 0, -1) == [b"elsewhere"]  # their marks forgotten
 
 
@@ -202,7 +204,7 @@ def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_c
     queue = JobQueue(redis_client, keys, MODEL, "w1")
     queue.take(4, Linger(0), 0.01)  # no leftovers: the next take blocks
     taken: list = []
-    waiting = threading.Thread(target=lambda: taken.extend(queue.take(4, Linger(0), 5.0)))
+    waiting = threading.Thread(target=lambda: taken.append(queue.take(4, Linger(0), 5.0)))
     waiting.start()
     deadline = time.monotonic() + 5
     while not any("blmove" in c.get("cmd", "") for c in redis_client.client_list()) and time.monotonic() < deadline:
@@ -212,15 +214,16 @@ def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_c
     marked.zadd(keys.gone(MODEL), {"normal-0": now_ms() + 60_000})
     marked.execute()
     waiting.join(10)
-    assert taken == [] and queue.left == 1
+    assert taken[0].jobs == [] and taken[0].left == 1
     assert redis_client.llen(keys.inflight(MODEL, "w1")) == 0 and redis_client.zcard(keys.gone(MODEL)) == 0
 
     # A restart under the same id finds two jobs in its in-flight list, one of them left by its client.
     redis_client.lpush(keys.inflight(MODEL, "w2"), job("normal", 1), job("normal", 2))
     redis_client.zadd(keys.gone(MODEL), {"normal-2": now_ms() + 60_000})
     restarted = JobQueue(redis_client, keys, MODEL, "w2")
-    assert [decode_job(raw).id for raw in restarted.take(4, Linger(0), 0.1)] == ["normal-1"]
-    assert restarted.left == 1 and redis_client.zcard(keys.gone(MODEL)) == 0
+    after = restarted.take(4, Linger(0), 0.1)
+    assert [decode_job(raw).id for raw in after.jobs] == ["normal-1"]
+    assert after.left == 1 and redis_client.zcard(keys.gone(MODEL)) == 0
     assert [decode_job(raw).id for raw in redis_client.lrange(keys.inflight(MODEL, "w2"), 0, -1)] == ["normal-1"]
 
 
@@ -232,14 +235,14 @@ SHORT = [b"", b"\x81", b"\x81\xa1v\x01", b"\x81\xa1v\x01\xa1n", b"\x81\xa1v\x01\
 def test_short_or_hand_pushed_messages_count_one_item_at_least_and_never_break_the_take(redis_client, keys):
     """What redis-cli can push: the take counts each as one item at least (never zero, so a batch
     stays bounded), the worker's own count agrees, and decoding later dead-letters them."""
-    from funnel.common.wire import item_count
+    from funnel.common.contracts.wire import item_count
 
     assert [item_count(raw) for raw in SHORT] == [1] * len(SHORT)
     leave = lua_scripts.register(redis_client, "leave")
     leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "someone"])  # ids are looked up
     redis_client.lpush(keys.queue(MODEL), *SHORT, job("normal", 0))
     queue = JobQueue(redis_client, keys, MODEL, "w1")
-    taken = queue.take(4, Linger(0), 0.1)
-    assert taken == SHORT[:4]  # four messages, one item each: oldest first
-    taken += queue.take(100, Linger(0), 0.1)
-    assert len(taken) == len(SHORT) + 1 and queue.left == 0
+    first = queue.take(4, Linger(0), 0.1)
+    assert first.jobs == SHORT[:4]  # four messages, one item each: oldest first
+    rest = queue.take(100, Linger(0), 0.1)
+    assert len(first.jobs + rest.jobs) == len(SHORT) + 1 and first.left == rest.left == 0

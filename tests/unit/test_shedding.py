@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import redis
 
-from funnel.common import lua_scripts, registry
+from funnel.common.contracts import registry
+from funnel.common.contracts.wire import JOB_FORMAT, item_count
 from funnel.common.errors import BadInput, NoWorker, Overloaded, Timeout, Unavailable
-from funnel.common.wire import JOB_FORMAT, item_count
+from funnel.common.link import lua_scripts
 from funnel.web.catalog import Catalog
 from funnel.web.pipeline import Pipeline
 from funnel.web.queueing import push_script, shedding
@@ -220,8 +221,9 @@ def test_the_lua_estimate_matches_the_python_one(redis_client, keys):
             redis_client.lpush(keys.queue(MODEL), *[b"x"] * ahead)
         wait = cap.wait_s(ahead, 2)
         for budget, admitted in ((wait * 0.98, False), (wait * 1.02, True)):
-            args = push_script.args_of(0, cap.script_args(), budget, None, 0, "t", 0, "normal", [b"j1", b"j2"])
-            outcome, *_ = push(keys=push_script.keys_of(keys, MODEL, 1, push_script.UNLIMITED, ["w1"]), args=args)
+            call = push_script.PushCall(model=MODEL, version=1, lane="normal", jobs=[b"j1", b"j2"],
+                                        estimate=cap.script_args(), inflight=["w1"], budget_s=budget, token="t")
+            outcome, *_ = push(keys=call.keys(keys), args=call.args())
             assert (outcome == 1) == admitted, (ahead, budget, wait)
             if admitted:
                 redis_client.ltrim(keys.queue(MODEL), 2, -1)

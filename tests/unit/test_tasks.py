@@ -13,7 +13,7 @@ from funnel.common.store import load_spec
 from funnel.common.tasks.buckets import group_by_width
 from funnel.common.tasks.image_classification import ImageClassification
 from funnel.common.tasks.text_embedding import TextEmbedding
-from tests.conftest import jpeg_bytes
+from tests.support import jpeg_bytes
 
 
 @pytest.fixture(scope="module")

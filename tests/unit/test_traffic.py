@@ -1,11 +1,11 @@
-"""The traffic policy (common/traffic.py): choosing a request's version, and the policy in Redis."""
+"""The traffic policy (common/contracts/traffic.py): choosing a request's version, and the policy in Redis."""
 
 import random
 from collections import Counter
 
 import pytest
 
-from funnel.common import traffic
+from funnel.common.contracts import traffic
 
 DRAWS = 20_000
 

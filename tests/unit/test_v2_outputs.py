@@ -15,11 +15,12 @@ import numpy as np
 import orjson
 import pytest
 
+from funnel.common.contracts.wire import Reply
 from funnel.common.errors import InferenceFailed
-from funnel.common.wire import Reply
 from funnel.web import errors
+from funnel.web.pipeline import Served, Work
 from funnel.web.protocols.tensors import stack_rows
-from funnel.web.protocols.v2 import V2, outputs_of
+from funnel.web.protocols.v2 import V2, Wanted, outputs_of
 
 LABELS = ("a", "b", "c", "d", "e")
 TASK = SimpleNamespace(class_labels=lambda: LABELS)
@@ -84,8 +85,9 @@ def test_rows_of_different_ranks_are_a_500_that_says_why():
 
 def test_a_whole_answer_with_a_padded_output_reads_back():
     task = SimpleNamespace(spec=SimpleNamespace(name="toy", version=1), class_labels=lambda: None)
-    work = SimpleNamespace(context={"wanted": [("out", True, 0)], "id": "r1"})
-    body, headers = V2(8).render(task, work, replies([1, 2, 3], [4]))  # type: ignore[arg-type]
+    work = Work([], Wanted([("out", True, 0)], "r1"))
+    served = Served(replies([1, 2, 3], [4]), [], "normal")  # type: ignore[arg-type]
+    body, headers = V2(8).render(task, work, served)  # type: ignore[arg-type]
     size = int(dict(headers)["Inference-Header-Content-Length"])
     head = orjson.loads(body[:size])
     assert head["outputs"][0]["parameters"]["row_shapes"] == [[3], [1]]

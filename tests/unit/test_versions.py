@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from funnel.common import registry, traffic
+from funnel.common.contracts import registry, traffic
 from funnel.web.catalog import Catalog
 from funnel.web.queueing.shedding import WorkerView
 from funnel.web.queueing.versions import Versions

@@ -1,4 +1,4 @@
-"""Webhooks without a stack: URL policy (common/webhooks.py), signing against the client's
+"""Webhooks without a stack: URL policy (common/bulk/webhooks.py), signing against the client's
 verify_webhook, the enqueue with the final state, and the deliverer's claim, lease, retries and
 attempt (worker/webhook.py) against a real Redis and a receiver on 127.0.0.1."""
 
@@ -11,17 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from funnel.common import jobs, webhooks
+from funnel.common.bulk import jobs, webhooks
+from funnel.common.bulk.job_store import JobStore
+from funnel.common.bulk.job_submit import SubmitLimits, check_webhook
+from funnel.common.contracts.wire import Reply, now_ms
 from funnel.common.errors import BadInput
-from funnel.common.job_store import JobStore
-from funnel.common.job_submit import SubmitLimits, check_webhook
-from funnel.common.wire import Reply, now_ms
-from funnel.worker.reply import answer
+from funnel.worker.reply import Replier
 from funnel.worker.settings import WorkerSettings
 from funnel.worker.webhook import Deliverer, DeliveryFailed, backoff_ms, post
 from funnel_client import WebhookVerificationError, verify_webhook
-from tests.conftest import WebhookReceiver
-from tests.faults.conftest import wait_for
+from tests.support import WebhookReceiver, wait_for
 
 SECRET = "unit-secret"
 
@@ -113,8 +112,8 @@ def make_job(client, keys, total: int, webhook: str | None = "http://127.0.0.1:9
 
 def store(client, keys, job_id: str, *indices: int) -> None:
     results = keys.job_results(job_id)
-    answer(client, keys, "w1", "m", [(results, Reply(id=jobs.item_id(job_id, i), ok=True,
-                                                     outputs={"y": np.ones(1, np.float32)})) for i in indices], [], 60)
+    Replier(client, keys, "w1", "m", 60).answer([(results, Reply(id=jobs.item_id(job_id, i), ok=True,
+                                                     outputs={"y": np.ones(1, np.float32)})) for i in indices], [])
 
 
 def test_the_last_stored_item_makes_the_webhook_due_once(redis_client, keys):
@@ -169,7 +168,7 @@ def test_on_a_cluster_the_store_marks_the_webhook_due_apart_and_a_second_answer_
 
 
 def test_on_a_cluster_a_cancels_lost_mark_is_mended_by_the_worker_dropping_its_items(redis_client, keys):
-    from funnel.common.wire import Job, encode_job
+    from funnel.common.contracts.wire import Job, encode_job
 
     cluster = type(keys)(keys.prefix, cluster=True)
     job_store = JobStore(redis_client, cluster, ttl_s=60)

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from funnel.common import wire
-from funnel.common.wire import Job, Reply, WireError
+from funnel.common.contracts import wire
+from funnel.common.contracts.wire import Job, Reply, WireError
 
 
 def make_job(**inputs) -> Job:

@@ -21,7 +21,7 @@ import signal
 import grpc
 import uvloop
 
-from funnel.common import logs
+from funnel.common.observability import logs
 from funnel.web.grpc.service import InferenceService
 from funnel.web.grpc.settings import GrpcSettings
 
@@ -35,8 +35,8 @@ HUNG_REDIS_S = 3.0
 def build_server(config: GrpcSettings) -> tuple[grpc.aio.Server, InferenceService, int]:
     """The server with the service added and its port bound (the port, for a port of 0); nothing
     started yet."""
-    from funnel.common.connection import connect, on_cluster
-    from funnel.common.keys import Keys
+    from funnel.common.contracts.keys import Keys
+    from funnel.common.link.connection import connect, on_cluster
     from funnel.web.app import catalog_of
     from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
     from funnel.web.pipeline import Pipeline

@@ -24,15 +24,15 @@ from typing import Any, TypeVar
 import grpc
 import redis
 
-from funnel.common import logs, priority
-from funnel.common.errors import BadInput, FunnelError, Unavailable
+from funnel.common.contracts import priority
+from funnel.common.errors import BadInput, FunnelError, Unavailable, queue_unavailable
+from funnel.common.observability import logs
 from funnel.common.tasks import Task
-from funnel.common.wire import Reply
-from funnel.web import errors
+from funnel.web import errors, readiness
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
-from funnel.web.pipeline import Origin, Pipeline, Work
+from funnel.web.pipeline import Origin, Pipeline, Served, Work
 from funnel.web.protocols import v2
 
 log = logging.getLogger("funnel.web.grpc")
@@ -53,24 +53,23 @@ class InferParser:
     def __init__(self, max_items: int):
         self.max_items = max_items
 
-    def parse(self, task: Task, request: pb.ModelInferRequest) -> Work:
+    def parse(self, task: Task, request: pb.ModelInferRequest) -> Work[v2.Wanted]:
         # Counted before any is read: a huge repeated field costs no more than receiving it did.
         inputs, outputs = 1 + len(v2.fixed_inputs(task)), len(task.output_shapes())
         if len(request.inputs) > inputs or len(request.outputs) > outputs:
             raise BadInput(f"{len(request.inputs)} inputs and {len(request.outputs)} outputs; {task.spec.name} "
                            f"takes at most {inputs} and gives {outputs}", code="bad_tensor")
-        wanted = v2.requested_outputs(task, outputs_header(request))
-        work = v2.items_of(task, read_inputs(request, self.max_items), self.max_items)
-        work.context = {"wanted": wanted}
+        wanted = v2.Wanted(v2.requested_outputs(task, outputs_header(request)))  # the id: the message's own
+        work = v2.items_of(task, read_inputs(request, self.max_items), self.max_items, wanted)
         if "priority" in request.parameters:  # as tritonclient sends it: Triton's number, or a lane's name
-            work.priority = priority.parse(parameter(request.parameters["priority"]))
+            work.lane = priority.parse(parameter(request.parameters["priority"]))
         return work
 
 
 def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     """A failure as the call's status code, message and trailing metadata."""
     if isinstance(exc, redis.RedisError):
-        exc = Unavailable(f"queue unavailable: {type(exc).__name__}")
+        exc = queue_unavailable(exc)
     if isinstance(exc, FunnelError):
         retry = (("retry-after", errors.retry_after(exc)),) if exc.status in (429, 503) else ()
         return STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message, retry
@@ -133,7 +132,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self.draining:  # stopping: send calls elsewhere
             return pb.ServerReadyResponse(ready=False)
         try:
-            missing = await asyncio.to_thread(v2.models_without_workers, self.pipeline)
+            missing = await asyncio.to_thread(readiness.models_without_workers, self.pipeline)
         except redis.RedisError:
             missing = ["redis"]
         return pb.ServerReadyResponse(ready=not missing)
@@ -158,14 +157,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
         async def answer(origin: Origin):
-            live = await asyncio.to_thread(v2.model_live, self.pipeline, request.name, request.version or None)
+            live = await asyncio.to_thread(readiness.model_live, self.pipeline, request.name, request.version or None)
             return pb.ModelReadyResponse(ready=live)
         return await self._answer(context, answer)
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        def render(task: Task, work: Work, replies: list[Reply]) -> pb.ModelInferResponse:
-            outputs, chunks = v2.outputs_of(task, work.context["wanted"], replies)
+        def render(task: Task, work: Work[v2.Wanted], served: Served) -> pb.ModelInferResponse:
+            outputs, chunks = v2.outputs_of(task, work.context.outputs, served.replies)
             return infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
 
         async def answer(origin: Origin):

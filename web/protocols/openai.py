@@ -29,10 +29,9 @@ from werkzeug.wrappers import Request
 
 from funnel.common.errors import BadInput, FunnelError, NotFound, UnsupportedMediaType
 from funnel.common.tasks import Task
-from funnel.common.wire import Reply
 from funnel.web import errors
 from funnel.web.jsonio import OPTIONS
-from funnel.web.pipeline import Rendered, Work
+from funnel.web.pipeline import Rendered, Served, Work
 
 log = logging.getLogger("funnel.web")
 
@@ -73,7 +72,7 @@ class OpenAIEmbeddings:
             raise BadParam("model", "'model' must name a served model (GET /v1/models lists them)")
         return model
 
-    def parse(self, task: Task, request: Request) -> Work:
+    def parse(self, task: Task, request: Request) -> Work[str]:
         body = self._body(request)
         if not is_embedding_model(task):
             raise BadParam("model", f"{task.spec.name} does not give embeddings; GET /v1/models lists those "
@@ -85,7 +84,7 @@ class OpenAIEmbeddings:
         dim = task.output_shapes()["embedding"][0]
         if dimensions is not None and dimensions != dim:
             raise BadParam("dimensions", f"{task.spec.name} gives {dim} dimensions only; leave 'dimensions' out")
-        return Work(self._texts(body.get("input")), context={"encoding": encoding})
+        return Work(self._texts(body.get("input")), encoding)  # the context: how to write the vectors
 
     def _texts(self, given: Any) -> list[str]:
         texts = [given] if isinstance(given, str) else given
@@ -109,14 +108,14 @@ class OpenAIEmbeddings:
             raise BadInput("the body must be a JSON object", code="bad_json")
         return body
 
-    def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
-        as_base64 = work.context["encoding"] == "base64"
+    def render(self, task: Task, work: Work[str], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+        as_base64 = work.context == "base64"
         data = []
-        for i, reply in enumerate(replies):
+        for i, reply in enumerate(served.replies):
             vector = np.asarray((reply.outputs or {})["embedding"], dtype="<f4")
             embedding: Any = base64.b64encode(vector.tobytes()).decode() if as_base64 else vector
             data.append({"object": "embedding", "index": i, "embedding": embedding})
-        tokens = sum(int(np.size(item.get("input_ids", ()))) for item in work.prepared)
+        tokens = sum(int(np.size(item.get("input_ids", ()))) for item in served.prepared)
         body = {"object": "list", "data": data, "model": task.spec.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         return orjson.dumps(body, option=OPTIONS), []

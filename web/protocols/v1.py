@@ -7,23 +7,23 @@
 One item sent alone is answered at the top level; several, as "results" in
 request order. Errors are {"error": {"code", "message"}} (web/errors.py).
 A predict that asks for a job (`Prefer: respond-async`, `Webhook-URL`) is the
-job routes' (protocols/jobs.py): the front sends it there.
+job routes' (routes/jobs.py): the front sends it there.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 
 import orjson
 from werkzeug.wrappers import Request
 
-from funnel.common import logs
+from funnel.common.observability import logs
 from funnel.common.tasks import Task
-from funnel.common.wire import Reply
 from funnel.web import errors
 from funnel.web.jsonio import OPTIONS
-from funnel.web.pipeline import Rendered, Work
+from funnel.web.pipeline import Rendered, Served, Work
 from funnel.web.protocols.inputs import read_items
 
 log = logging.getLogger("funnel.web")
@@ -31,16 +31,23 @@ log = logging.getLogger("funnel.web")
 PATH = re.compile(r"/v1/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/predict")
 
 
+@dataclass(frozen=True)
+class Form:
+    """How a /v1 request sent its items, kept to answer in kind (the adapter's context)."""
+
+    single: bool  # one item as such ({"text": ...}, one image): answered as one, not as a list
+
+
 class V1:
     def __init__(self, max_items: int):
         self.max_items = max_items
 
-    def parse(self, task: Task, request: Request) -> Work:
+    def parse(self, task: Task, request: Request) -> Work[Form]:
         items, single = read_items(task.input_kind, request, self.max_items)
-        return Work(items, context={"single": single})
+        return Work(items, Form(single))
 
-    def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
-        name = task.spec.name
+    def render(self, task: Task, work: Work[Form], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+        name, replies = task.spec.name, served.replies
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
         request_id = logs.REQUEST_ID.get()
         by_job: dict[str, dict] = {}  # the items of one job share its reply's figures: one meta a job
@@ -51,9 +58,9 @@ class V1:
                 shared = by_job[r.id] = {
                     "worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
                     "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
-                    "priority": work.priority}
+                    "priority": served.lane}
             meta.append(shared)
-        if work.context["single"]:
+        if work.context.single:
             body = {"model": name, **results[0], "meta": meta[0]}
         else:
             body = {"model": name, "results": results, "meta": meta}

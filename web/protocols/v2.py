@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
 import orjson
-import redis
-from flask import Blueprint, Response, request
-from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request
 
-from funnel.common import priority, registry
-from funnel.common.errors import BadInput, FunnelError
-from funnel.common.registry import live_workers
+from funnel.common.contracts import priority
+from funnel.common.contracts.wire import Reply
+from funnel.common.errors import BadInput
 from funnel.common.tasks import Task
-from funnel.common.wire import Reply
 from funnel.web import errors
-from funnel.web.pipeline import Pipeline, Rendered, Work
+from funnel.web.pipeline import Rendered, Served, Work
 from funnel.web.protocols.tensors import (
     NAMES_OF,
     Tensor,
@@ -78,7 +75,15 @@ def fixed_inputs(task: Task) -> dict[str, dict]:
             if d.get("dtype") in NAMES_OF and all(n > 0 for n in d.get("shape", [-1]))}
 
 
-def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> Work:
+@dataclass(frozen=True)
+class Wanted:
+    """What a /v2 (or gRPC) request asks of its answer: the adapter's context, kept to render it."""
+
+    outputs: list[tuple[str, bool, int]]  # each output asked for: its name, binary, classes (0: raw rows)
+    id: str | None = None  # the request's own id, echoed in the answer
+
+
+def items_of(task: Task, tensors: dict[str, Tensor], max_items: int, wanted: Wanted) -> Work[Wanted]:
     """The request's items: BYTES elements to preprocess, or the model's own tensors, ready made."""
     encoded = BYTES_INPUT[task.input_kind]
     ready = fixed_inputs(task)
@@ -89,7 +94,7 @@ def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> Work:
     if encoded in tensors:
         if len(tensors) > 1:
             raise BadInput(f"send {encoded} or the ready tensors, not both", code="bad_tensor")
-        return Work(encoded_items(task, tensors[encoded], max_items), raw=True)
+        return Work(encoded_items(task, tensors[encoded], max_items), wanted, raw=True)
     missing = set(ready) - set(tensors)
     if missing:
         raise BadInput(f"missing input {sorted(missing)[0]!r}", code="bad_tensor")
@@ -102,7 +107,7 @@ def items_of(task: Task, tensors: dict[str, Tensor], max_items: int) -> Work:
         n = check_batch(name, tensor.shape[0], max_items, n)
     items = [{name: np.asarray(tensors[name].value).reshape(tensors[name].shape)[i] for name in ready}
              for i in range(n or 0)]
-    return Work(items, ready=True, raw=True)
+    return Work(items, wanted, ready=True, raw=True)
 
 
 def check_batch(name: str, n: int, max_items: int, expected: int | None = None) -> int:
@@ -159,57 +164,6 @@ def classify(rows: list[np.ndarray], k: int, labels) -> list[bytes]:
     return out
 
 
-def error_response(message: str, status: int) -> Response:
-    return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
-
-
-def models_without_workers(pipeline: Pipeline) -> list[str]:
-    """The served models no live worker serves (the server is ready when there are none)."""
-    workers = live_workers(pipeline.client, pipeline.keys)
-    return sorted(name for name in pipeline.catalog.names() if not registry.versions_live(workers, name))
-
-
-def model_live(pipeline: Pipeline, name: str, model_version: str | None) -> bool:
-    """Whether a live worker serves the model (that version, if one is named); 404 for a model or
-    version not served."""
-    pipeline.resolve(name, model_version)
-    live = registry.versions_live(live_workers(pipeline.client, pipeline.keys), name)
-    return bool(live) and (model_version is None or int(model_version) in live)
-
-
-def install_probes(v2: Blueprint, pipeline: Pipeline) -> None:
-    """Server metadata, liveness and readiness, model metadata and readiness."""
-    catalog = pipeline.catalog
-
-    @v2.get("")
-    def server_metadata():
-        return {"name": "funnel", "version": server_version(), "extensions": EXTENSIONS}
-
-    @v2.get("/health/live")
-    def live():
-        return {"live": True}
-
-    @v2.get("/health/ready")
-    def ready():
-        missing = models_without_workers(pipeline)
-        if missing:
-            return error_response(f"no live worker for {', '.join(sorted(missing))}", 503)
-        return {"ready": True}
-
-    @v2.get("/models/<name>")
-    @v2.get("/models/<name>/versions/<model_version>")
-    def model_metadata(name: str, model_version: str | None = None):
-        return metadata(pipeline.resolve(name, model_version), sorted(catalog.versions(name)))
-
-    @v2.get("/models/<name>/ready")
-    @v2.get("/models/<name>/versions/<model_version>/ready")
-    def model_ready(name: str, model_version: str | None = None):
-        if not model_live(pipeline, name, model_version):
-            return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
-                                                                    else ""), 503)
-        return {"name": name, "ready": True}
-
-
 def outputs_of(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Reply]
                    ) -> tuple[list[dict], list[bytes]]:
     """The requested outputs, each the replies' rows stacked to [n, ...] (rows of different shapes
@@ -234,21 +188,21 @@ class V2:
     def __init__(self, max_items: int):
         self.max_items = max_items
 
-    def parse(self, task: Task, request: Request) -> Work:
+    def parse(self, task: Task, request: Request) -> Work[Wanted]:
         header, binary = split_body(request.get_data(), request.headers.get("Inference-Header-Content-Length"))
-        wanted = requested_outputs(task, header)
-        work = items_of(task, read_inputs(header, binary), self.max_items)
-        work.context = {"wanted": wanted, "id": header.get("id")}
+        given_id = header.get("id")
+        wanted = Wanted(requested_outputs(task, header), given_id if isinstance(given_id, str) else None)
+        work = items_of(task, read_inputs(header, binary), self.max_items, wanted)
         parameters = header.get("parameters")
         if isinstance(parameters, dict) and "priority" in parameters:  # Triton's number, or a lane's name
-            work.priority = priority.parse(parameters["priority"])
+            work.lane = priority.parse(parameters["priority"])
         return work
 
-    def render(self, task: Task, work: Work, replies: list[Reply]) -> tuple[bytes, list[tuple[str, str]]]:
-        outputs, chunks = outputs_of(task, work.context["wanted"], replies)
+    def render(self, task: Task, work: Work[Wanted], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+        outputs, chunks = outputs_of(task, work.context.outputs, served.replies)
         head: dict[str, Any] = {"model_name": task.spec.name, "model_version": str(task.spec.version)}
-        if isinstance(work.context["id"], str):
-            head["id"] = work.context["id"]
+        if work.context.id is not None:
+            head["id"] = work.context.id
         body, headers = response_body(head, outputs, chunks)
         return body, list(headers.items())
 
@@ -258,18 +212,3 @@ class V2:
             log.exception("infer failed", exc_info=error)
         status, body, headers = errors.render(error, request)
         return status, orjson.dumps({"error": body["error"]["message"]}), headers
-
-
-def create_blueprint(pipeline: Pipeline) -> Blueprint:
-    """The protocol's probes and metadata, answered by Flask (infer is the front's: V2)."""
-    v2 = Blueprint("v2", __name__, url_prefix="/v2")
-
-    @v2.errorhandler(FunnelError)
-    @v2.errorhandler(redis.RedisError)
-    @v2.errorhandler(HTTPException)
-    def protocol_error(exc: Exception):
-        status, body, headers = V2(0).render_error(exc, request)
-        return Response(body, status=status, headers=headers, mimetype="application/json")
-
-    install_probes(v2, pipeline)
-    return v2

@@ -2,7 +2,7 @@
 
 Every job of this process names the same reply list; a listener thread pops
 whatever replies are there in one round trip (BRPOP, then RPOP COUNT for the
-rest, pipelined: common/line.py) and hands each to the request on the event
+rest, pipelined: common/link/line.py) and hands each to the request on the event
 loop that waits for its job id, so a waiting request costs a future, not a
 connection or a thread (docs/performance.md has the figures against a BLPOP
 per request).
@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import redis
 
-from funnel.common.errors import Timeout, Unavailable
-from funnel.common.keys import Keys
-from funnel.common.line import Line
-from funnel.common.wire import Reply, WireError, decode_reply, now_ms
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply, WireError, decode_reply, now_ms
+from funnel.common.errors import Timeout, queue_unavailable
+from funnel.common.link.line import Line
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Inbox:
             except Exception as exc:  # never let the thread die: every request of the process waits on it
                 if not isinstance(exc, redis.RedisError):
                     log.exception("reply inbox %s: unexpected error, listening again", key)
-                self._fail_waiting(model, Unavailable(f"queue unavailable: {type(exc).__name__}"))
+                self._fail_waiting(model, queue_unavailable(exc))
                 self._closed.wait(RETRY_S)
                 continue
             if payloads:

@@ -1,6 +1,6 @@
 """Per API key limits: a rate (requests per second, with a burst) and a cap on requests under way,
-on each model, enforced across every web process by the push script (common/lua/push.lua), and
-the highest priority lane its requests may ask for (common/priority.py).
+on each model, enforced across every web process by the push script (common/link/lua/push.lua), and
+the highest priority lane its requests may ask for (common/contracts/priority.py).
 
 FUNNEL_KEY_LIMITS names them by key label (FUNNEL_API_KEYS' `label=KEY`), as
 JSON, or `@path` to a JSON file; "*" applies to every key not listed:
@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from funnel.common import priority
+from funnel.common.contracts import priority
 
 ANY_KEY = "*"
 FIELDS = ("rate", "burst", "concurrency")  # numbers; and "priority", a lane

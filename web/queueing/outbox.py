@@ -5,7 +5,7 @@ and awaits the script's answer. Once the loop's ready callbacks have run, the
 pushes they made go out in one round trip, each still one atomic script run
 in Redis, so the shedding decision and the queue limit are those of a lone
 push. On a single Redis (or through Sentinel) the round trip is one write and
-one read on the loop's own connection (common/line.py); on a Redis Cluster,
+one read on the loop's own connection (common/link/line.py); on a Redis Cluster,
 whose nodes each hold some models' queues, one such round trip to each node
 that holds a push's model, node after node. A round trip whose connection
 fails once written is never sent again: its pushes may have run.
@@ -31,10 +31,10 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from funnel.common.connection import node_client
+from funnel.common.bulk.job_store import REPLICA_WAIT_MS
 from funnel.common.errors import NotReplicated
-from funnel.common.job_store import REPLICA_WAIT_MS
-from funnel.common.line import Line
+from funnel.common.link.connection import node_client
+from funnel.common.link.line import Line
 
 log = logging.getLogger(__name__)
 

@@ -1,30 +1,61 @@
-"""The push script's KEYS and ARGV, laid out here once, as common/lua/push.lua's header names them."""
+"""The KEYS and ARGV of the web tier's scripts, laid out here once each, as their headers name them:
+common/link/lua/push.lua (a request's jobs onto its lane), leave.lua (the jobs of a client that
+left, marked for no worker to run) and release.lua (a finished request leaves its key's requests
+under way)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from funnel.common import priority
-from funnel.common.keys import Keys
+from funnel.common.contracts import priority
+from funnel.common.contracts.keys import Keys
 from funnel.web.queueing.limits import Limit
 
 UNLIMITED = "anyone"  # the owner named in the limit keys of a caller without limits (never read)
 
 
-def keys_of(keys: Keys, model: str, version: int, owner: str, inflight: Iterable[str]) -> list[str]:
-    """KEYS: the version's three lanes, the caller's bucket and requests under way, the workers'
-    in-flight lists."""
-    return [*(keys.queue(model, version, lane) for lane in priority.LANES), keys.limit(model, owner),
-            keys.running(model, owner), *(keys.inflight(model, worker) for worker in inflight)]
+@dataclass(frozen=True, kw_only=True)
+class PushCall:
+    """push.lua's call for one request's jobs: its KEYS and ARGV, each named once here."""
+
+    model: str
+    version: int
+    lane: str  # the request's priority lane: its jobs go to that queue
+    jobs: list[bytes]  # wire bytes
+    items: int | None = None  # the request's items (None: one a job)
+    per_job: float = 1.0  # the items of a job ahead, on average (the web's estimate)
+    max_queue: int = 0  # the queue's limit, items (0: none)
+    estimate: Sequence[float | str] | None = None  # Capacity.script_args (None: no predicted wait)
+    inflight: Iterable[str] = ()  # the live workers, whose in-flight jobs count as ahead (with an estimate)
+    budget_s: float = 0.0  # the request's time left
+    owner: str = UNLIMITED  # the API key's owner hash, when it has limits
+    limit: Limit | None = None  # its limits (None: none)
+    now_ms: int = 0
+    token: str = ""  # the request's token among its key's requests under way (its first job's id)
+    deadline_ms: int = 0
+
+    def keys(self, keys: Keys) -> list[str]:
+        """KEYS: the version's three lanes, the caller's bucket and requests under way, the workers'
+        in-flight lists."""
+        model = self.model
+        return [*(keys.queue(model, self.version, lane) for lane in priority.LANES), keys.limit(model, self.owner),
+                keys.running(model, self.owner), *(keys.inflight(model, worker) for worker in self.inflight)]
+
+    def args(self) -> list:
+        """ARGV, in the order of push.lua's header."""
+        shed = [1, self.budget_s, *self.estimate] if self.estimate is not None else [0, self.budget_s, 0, 0, 0, 0, 0, 0]
+        limited = [1, *self.limit.script_args()] if self.limit is not None else [0, 0, 0, 0]
+        return [self.max_queue, *shed, *limited, self.now_ms, self.token, self.deadline_ms,
+                priority.LANES.index(self.lane) + 1, len(self.jobs) if self.items is None else self.items,
+                repr(self.per_job), *self.jobs]
 
 
-def args_of(max_queue: int, estimate: Sequence[float | str] | None, budget_s: float, limit: Limit | None,
-            now_ms: int, token: str, deadline_ms: int, lane: str, jobs: list[bytes], items: int | None = None,
-            per_job: float = 1.0) -> list:
-    """ARGV: the queue's limit, the estimate (None: none; else Capacity.script_args), the budget, the
-    caller's limit (None: unlimited), now, the request's token and deadline, its lane, its items
-    (None: one a job), the items of a job ahead on average, then the jobs."""
-    shed = [1, budget_s, *estimate] if estimate is not None else [0, budget_s, 0, 0, 0, 0, 0, 0]
-    limited = [1, *limit.script_args()] if limit is not None else [0, 0, 0, 0]
-    return [max_queue, *shed, *limited, now_ms, token, deadline_ms, priority.LANES.index(lane) + 1,
-            len(jobs) if items is None else items, repr(per_job), *jobs]
+def leave_call(keys: Keys, model: str, now_ms: int, deadline_ms: int, job_ids: list[str]) -> tuple[list, list]:
+    """leave.lua's KEYS (the model's gone set) and ARGV (now, the jobs' deadline, their ids)."""
+    return [keys.gone(model)], [now_ms, deadline_ms, *job_ids]
+
+
+def release_call(keys: Keys, model: str, owner: str, token: str) -> tuple[list, list]:
+    """release.lua's KEYS (the key's requests under way on the model) and ARGV (the request's token)."""
+    return [keys.running(model, owner)], [token]

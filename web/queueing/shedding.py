@@ -1,7 +1,7 @@
 """Load shedding by predicted wait: answer 503 at once what the queue cannot serve in time.
 
 Each web process keeps a view of the live workers of every model, read from
-the registry (common/registry.py) at most once per REFRESH_S, never per
+the registry (common/contracts/registry.py) at most once per REFRESH_S, never per
 request. From each worker's recent batch cost, seconds(n) = a·n + b, and its
 batch size B, the model's throughput when busy is
 
@@ -28,7 +28,7 @@ done: Retry-After = ceil(wait). A model with no live worker answers 503 at once,
 unless FUNNEL_HOLD_WITHOUT_WORKERS holds its requests (scale from zero). A
 worker that deregistered, or whose heartbeat expired while Redis answered, is
 gone; only right after Redis failed or lost its data (a new registry epoch,
-common/registry.py) may live workers be missing from the registry until their
+common/contracts/registry.py) may live workers be missing from the registry until their
 next beat, and a model served before keeps a grace (WorkerView.grace_s): a
 request admitted on it is answered 503 when the grace ends without a worker
 (web/pipeline.py).
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 
 import redis
 
-from funnel.common import registry
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import JOB_FORMAT
 from funnel.common.errors import BadInput
-from funnel.common.keys import Keys
-from funnel.common.wire import JOB_FORMAT
 
 REFRESH_S = 1.0  # how stale a process's view of the workers may be
 EMPTY_REFRESH_S = 0.1  # when it shows no worker for a model: a new worker is seen this soon
@@ -93,7 +93,7 @@ class Capacity:
     batch_s: float = 0.0  # b, likewise
     batch_size: int = 1  # B, likewise
     lanes: bool = True  # every live worker takes the priority lanes (false while older ones serve too)
-    job_format: int = JOB_FORMAT  # the oldest job format a live worker reads (common/wire.py)
+    job_format: int = JOB_FORMAT  # the oldest job format a live worker reads (common/contracts/wire.py)
 
     @property
     def known(self) -> bool:

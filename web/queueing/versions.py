@@ -1,6 +1,6 @@
 """Which version of a model a request goes to: the model's traffic policy and its live workers.
 
-The policy (common/traffic.py: version -> weight, in Redis) is read at most
+The policy (common/contracts/traffic.py: version -> weight, in Redis) is read at most
 every REFRESH_S per process and model, as the workers are (shedding.py's
 WorkerView). A request goes to a weighted version with a live worker, at
 random by weight; a weight on a version with no live worker is skipped while
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 
 import redis
 
-from funnel.common import traffic
-from funnel.common.keys import Keys
+from funnel.common.contracts import traffic
+from funnel.common.contracts.keys import Keys
 from funnel.web.queueing.shedding import REFRESH_S, WorkerView
 
 

@@ -3,7 +3,7 @@
     POST /v1/models/<name>[/versions/<v>]/predict         protocols/v1.py  } the body read here, the API
     POST /v2/models/<name>[/versions/<v>]/infer           protocols/v2.py  } key checked, then web/pipeline.py
     POST /v1/embeddings (the model named in the body)     protocols/openai.py }
-    POST /v1/models/<name>/predict asking for a job       Flask: protocols/jobs.py (Prefer: respond-async,
+    POST /v1/models/<name>/predict asking for a job       Flask: routes/jobs.py (Prefer: respond-async,
                                                           or a Webhook-URL)
     everything else (the page, listings, jobs, probes,    Flask (web/app.py), through a2wsgi's threads
     metrics)
@@ -25,12 +25,12 @@ from flask import Flask
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.wrappers import Request
 
-from funnel.common import logs
 from funnel.common.errors import BadInput
+from funnel.common.observability import logs
 from funnel.web import metrics
 from funnel.web.pipeline import Adapter, Origin, Pipeline
 from funnel.web.protocols import openai, v1, v2
-from funnel.web.protocols.jobs import WEBHOOK_HEADER, wants_async
+from funnel.web.routes.jobs import WEBHOOK_HEADER, wants_async
 from funnel.web.settings import WebSettings
 from funnel.web.transport.protocol import ON_LEAVE
 

@@ -1,5 +1,5 @@
 -- cancel.lua: cancel a job that is not finished, and make its webhook due (DELETE /v1/jobs/<id>).
--- include: webhook_due.lua (prepended by common/lua_scripts.py)
+-- include: webhook_due.lua (prepended by common/link/lua_scripts.py)
 --
 -- KEYS[1]  the job record, funnel:job:{<id>}
 -- KEYS[2]  the due webhooks, funnel:webhooks; absent on a cluster (another slot: the caller marks

@@ -1,8 +1,8 @@
--- webhook_due.lua: a snippet, not a script. common/lua_scripts.py prepends it to the scripts that
+-- webhook_due.lua: a snippet, not a script. common/link/lua_scripts.py prepends it to the scripts that
 -- make a job final (store_results.lua, cancel.lua), so on a single Redis the state change and the
 -- delivery's enqueue are one atomic step. On a Redis Cluster the due set is in another slot than
 -- the job's keys: the script is given no due set and its caller marks the delivery due apart
--- (common/jobs.py's mark_due, a ZADD NX that is safe to repeat) whenever the webhook is pending.
+-- (common/bulk/jobs.py's mark_due, a ZADD NX that is safe to repeat) whenever the webhook is pending.
 --
 -- webhook_due(job, due, job_id, now): for a job submitted with a webhook whose delivery was never
 -- made due, set webhook_state to pending and, when `due` is given, ZADD the job to the due set,

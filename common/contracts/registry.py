@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from funnel.common.keys import Keys
-from funnel.common.priority import LANES
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.priority import LANES
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
 INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "wire", "pid", "host",
@@ -134,7 +134,7 @@ def versions_live(workers: Iterable[Mapping[str, str]], model: str) -> set[int]:
 
 
 def job_format(worker: Mapping[str, str]) -> int:
-    """The newest job format a worker reads (common/wire.py's JOB_FORMAT; `wire`, absent from the
+    """The newest job format a worker reads (common/contracts/wire.py's JOB_FORMAT; `wire`, absent from the
     hashes of workers from before it: 1, one item a job, as every release reads)."""
     found = worker.get("wire", "1")
     return int(found) if found.isdigit() and int(found) >= 1 else 1

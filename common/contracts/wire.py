@@ -13,7 +13,7 @@ read each other's messages.
 A job carries one request's items. One item travels as `inputs`, as it always
 did; several as `items`, a list of such maps, with their count `n` written
 right after `v`, where the take script reads it without decoding the message
-(`item_count`, common/lua/take.lua). A reply answers its job's items likewise:
+(`item_count`, common/link/lua/take.lua). A reply answers its job's items likewise:
 `outputs`, or `items` in the job's order; an error answers the job whole.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 
 VERSION = 1
 # The newest job format a worker reads (it reads every older one), which it publishes in the
-# registry (`wire`, common/registry.py): 1, one item a job (`inputs`); 2, a job of several items
+# registry (`wire`, common/contracts/registry.py): 1, one item a job (`inputs`); 2, a job of several items
 # (`items`, `n`). The web tier makes a model version's jobs in the oldest format its live workers
 # read, so a web tier and the workers of the release before or after it serve side by side.
 JOB_FORMAT = 2
@@ -151,7 +151,7 @@ class Job:
     version: int = 1  # the model version that must run it (its queue's version)
     trace: str = ""  # the W3C traceparent of the request that sent it ("": not traced)
     request_id: str = ""  # the request's X-Request-ID, for the worker's log lines about it
-    priority: str = ""  # its lane, "high" or "low" ("": normal, common/priority.py): recovery requeues it there
+    priority: str = ""  # its lane, "high" or "low" ("": normal, contracts/priority.py): recovery requeues it there
 
 
 def encode_job(job: Job) -> bytes:
@@ -207,7 +207,7 @@ def _items(obj: dict) -> list[dict[str, np.ndarray]]:
 
 
 def item_count(data: bytes) -> int:
-    """A job message's items, read from its head as common/lua/take.lua reads it: at least 1 (1 when
+    """A job message's items, read from its head as common/link/lua/take.lua reads it: at least 1 (1 when
     it names no `n`), whatever the bytes, a short or hand-pushed message's included."""
     head = bytes(data[:11]).ljust(11, b"\0")  # past the end reads as zeros, as the script reads it
     at = 1 if 0x80 <= head[0] <= 0x8F else 3 if head[0] == 0xDE else -1  # fixmap, map 16
@@ -248,7 +248,7 @@ _PEEKED = ("id", "reply_to", "model")
 
 def peek_job(data: Any) -> dict:
     """Best-effort id, reply_to and model of a job, without decoding it: for an error reply to one
-    that failed to decode, and to find the job a bulk item belongs to (common/jobs.py). Reads the
+    that failed to decode, and to find the job a bulk item belongs to (common/bulk/jobs.py). Reads the
     map's fields in turn and stops once it has them, before the tensors (encode_job writes them last)."""
     found: dict[str, str] = {}
     try:

@@ -62,8 +62,3 @@ def _bad(value: Any) -> BadInput:
 def at_most(lane: str, highest: str) -> str:
     """The lane served: the one asked for, or the highest allowed when it asks above it."""
     return LANES[max(LANES.index(lane), LANES.index(highest))]
-
-
-def ahead_of(lane: str) -> tuple[str, ...]:
-    """The lanes served before this one."""
-    return LANES[:LANES.index(lane)]

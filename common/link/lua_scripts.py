@@ -1,4 +1,4 @@
-"""Funnel's Redis Lua scripts: one file each in common/lua/, read and registered from here.
+"""Funnel's Redis Lua scripts: one file each in common/link/lua/, read and registered from here.
 
 Each file opens with a header naming every KEYS[i] and ARGV[i] it reads and what it returns. A
 script that calls a shared snippet says so in a line `-- include: <file>.lua`; the snippet's text
@@ -19,8 +19,8 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from funnel.common.connection import on_cluster
-from funnel.common.line import Line
+from funnel.common.link.connection import on_cluster
+from funnel.common.link.line import Line
 
 HOME = Path(__file__).parent / "lua"
 _INCLUDE = re.compile(r"^-- include: (\w+)\.lua\b", re.MULTILINE)
@@ -46,7 +46,7 @@ def register(client: redis.Redis, name: str) -> Script:
 
 class Runner:
     """A script a thread runs again and again (a worker's take and reply): EVALSHA on that thread's
-    own line (common/line.py), whose round trip costs about half the client CPU of redis-py's
+    own line (common/link/line.py), whose round trip costs about half the client CPU of redis-py's
     call (docs/performance.md); on a Redis Cluster, redis-py's Script, whose client finds the
     keys' node. Where Redis answers NOSCRIPT (restarted, or flushed), loaded and run again in one
     round trip; a round trip whose connection fails is sent again once (the client's retry), so

@@ -14,9 +14,9 @@ A delivery is signed like Stripe's: `Funnel-Signature: t=<unix seconds>,v1=<hex>
 the HMAC-SHA256 of `<t>.<body>` under FUNNEL_WEBHOOK_SECRET.
 
 A delivery becomes due in the same script that makes its job final
-(common/lua/webhook_due.lua, included in store_results.lua and cancel.lua); on
+(common/link/lua/webhook_due.lua, included in store_results.lua and cancel.lua); on
 a Redis Cluster, where the due set is in another slot, in a step just after it
-(common/jobs.py, mark_due).
+(common/bulk/jobs.py, mark_due).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@
 -- limited (web/queueing/limits.py), its rate (a token bucket) and its requests under way (a set
 -- of request tokens, each scored by its deadline) are checked first, and charged only when the
 -- jobs are pushed. The jobs ahead of a request are those of its lane and the lanes above it
--- (common/priority.py): the queue's limit and the predicted wait turn a low request away first.
+-- (common/contracts/priority.py): the queue's limit and the predicted wait turn a low request away first.
 -- With no job waiting in any lane, the jobs go to the normal queue whatever their lane: they are
 -- at the front of the line anyway, and that is the queue an idle worker blocks on.
--- The limit and the wait count items: a job holds a request's items (common/wire.py), and the jobs
+-- The limit and the wait count items: a job holds a request's items (common/contracts/wire.py), and the jobs
 -- ahead count as many items each as the web's estimate of a job's items (ARGV[19]), since a list's
 -- length is all Redis knows of them without reading every message.
 --

@@ -1,7 +1,7 @@
 """What a job's submit is checked for before its items are: the Idempotency-Key, the webhook.
 
 The submit itself is web/pipeline.py's submit_job: the same resolve and
-prepare steps as a predict, then the job store (common/job_store.py).
+prepare steps as a predict, then the job store (common/bulk/job_store.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from funnel.common import webhooks
+from funnel.common.bulk import webhooks
 from funnel.common.errors import BadInput
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -41,7 +41,7 @@ def check(idempotency_key: str | None, webhook: str | None, limits: SubmitLimits
 
 
 def check_webhook(url: str, limits: SubmitLimits) -> None:
-    """BadInput (400) unless webhooks are on and this URL may be delivered to (common/webhooks.py)."""
+    """BadInput (400) unless webhooks are on and this URL may be delivered to (common/bulk/webhooks.py)."""
     if not limits.webhook_secret:
         raise BadInput("this server sends no webhooks (FUNNEL_WEBHOOK_SECRET is not set)",
                        code="webhooks_disabled")

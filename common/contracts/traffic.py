@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from funnel.common.keys import Keys
+from funnel.common.contracts.keys import Keys
 
 _RNG = random.Random()
 _DECIMAL = re.compile(r"^[+-]?[0-9]+$")

@@ -1,10 +1,10 @@
 """The job store: async and bulk jobs in Redis, created, replayed, read, cancelled and paged.
 
 Plain Redis with explicit arguments, no web framework: the web tier's routes
-(web/protocols/jobs.py, through web/pipeline.py) parse a request, call this, and render what it returns.
+(web/routes/jobs.py, through web/pipeline.py) parse a request, call this, and render what it returns.
 
 A job is created whole, its record and every item payload in one MULTI/EXEC
-(common/jobs.py has the record's fields): a web process that dies after
+(common/bulk/jobs.py has the record's fields): a web process that dies after
 answering loses nothing, and one that dies before leaves nothing half made.
 An Idempotency-Key (per model and per API key) names the job it made for the
 job TTL: a second submit with it from the same API key gets that job back, or
@@ -12,7 +12,7 @@ a Conflict when its body differs; concurrent submits with one key make one job
 (WATCH on the key). Another API key's same Idempotency-Key is another key.
 
 On a Redis Cluster the record is in its job's slot, the items' bulk queue and
-the Idempotency-Key in the model's (common/keys.py): the record is written
+the Idempotency-Key in the model's (common/contracts/keys.py): the record is written
 first, then the same WATCH and MULTI queue the items and set the key. Before
 the MULTI no item exists, so a worker never finds an item without its record;
 a submit that loses the key's race, or fails, deletes the record it wrote. A
@@ -41,12 +41,13 @@ from typing import Any
 
 import redis
 
-from funnel.common import jobs, lua_scripts
-from funnel.common.connection import node_client
+from funnel.common.bulk import jobs
+from funnel.common.bulk.jobs import Caller
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Job, encode_job, now_ms
 from funnel.common.errors import FunnelError, NotFound, NotReplicated, Overloaded
-from funnel.common.jobs import Caller
-from funnel.common.keys import Keys
-from funnel.common.wire import Job, encode_job, now_ms
+from funnel.common.link import lua_scripts
+from funnel.common.link.connection import node_client
 
 PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
 ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them

@@ -31,19 +31,19 @@ The state is derived, never stored, except for `cancelled`:
 A job records who submitted it: `owner`, a keyed hash of the API key (never
 the key; web/auth.py makes it), and `owner_label`, the name FUNNEL_API_KEYS
 gives that key (both "" where the server has no API keys). Only its owner, or
-an admin key, may read or cancel it (Caller, below; common/job_store.py checks).
+an admin key, may read or cancel it (Caller, below; common/bulk/job_store.py checks).
 
 A job submitted with a webhook carries `webhook_url`; the step that makes it
 final (the last item stored, or the cancel) sets its `webhook_state` to
 pending and, on a single Redis, makes its delivery due in the same script
-(common/lua/store_results.lua, cancel.lua). On a cluster the due set is in
+(common/link/lua/store_results.lua, cancel.lua). On a cluster the due set is in
 another slot: the caller marks it due (mark_due, ZADD NX) after every store
 or cancel that finds the delivery pending, and a worker does the same for a
 cancelled job whose items it drops, so a process that dies between the two
 steps leaves the mark to the next answer, drop or cancel of the job (the
 deliverer drops marks of deliveries no longer pending).
 
-common/job_store.py creates, reads and cancels jobs for the web tier.
+common/bulk/job_store.py creates, reads and cancels jobs for the web tier.
 """
 
 from __future__ import annotations
@@ -54,12 +54,11 @@ from dataclasses import dataclass
 
 import redis
 
-from funnel.common import lua_scripts
-from funnel.common.keys import Keys
-from funnel.common.wire import Reply, encode_reply, now_ms, peek_job
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply, encode_reply, now_ms, peek_job
+from funnel.common.link import lua_scripts
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
-FINAL_STATES = ("done", "failed", "cancelled")
 
 # Record fields, all strings in Redis; "state" is "active" until cancelled. The webhook_* fields
 # exist only for a job submitted with a webhook; worker/webhook.py writes all but the URL.
@@ -200,7 +199,7 @@ def _store_call(keys: Keys, results_key: str, replies: list[Reply],
 def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply], inflight: str = "",
                   messages: dict[str, bytes] | None = None) -> None:
     """Queue, on a pipeline (MULTI) of a single Redis, the store of these item replies into their
-    job's results hash (common/lua/store_results.lua: once per index; an expired job's are
+    job's results hash (common/link/lua/store_results.lua: once per index; an expired job's are
     dropped), its webhook made due in the same step. Not on a cluster: store_results_apart.
 
     A worker's reply MULTI names its in-flight list and each item's message (by its id): an item
@@ -229,7 +228,7 @@ def mark_due(client: redis.Redis, keys: Keys, job_ids: list[str]) -> None:
     """Make these jobs' pending webhook deliveries due now, where a script could not in the step that
     made them pending (a cluster): ZADD NX, so a delivery already due, leased or waiting for its
     retry keeps its time, and marking twice is marking once. A mark the deliverer finds no longer
-    pending (delivered, failed, expired) it drops (common/lua/webhook_claim.lua)."""
+    pending (delivered, failed, expired) it drops (common/link/lua/webhook_claim.lua)."""
     if job_ids:
         client.zadd(keys.webhooks_due(), {job_id: now_ms() for job_id in job_ids}, nx=True)
 

@@ -5,7 +5,7 @@ per-command errors) without its per-call machinery, which cost twice the round
 trip's own CPU, and without taking a connection from the pool each time (a lock
 and a poll() for data left unread). The web's event loop (web/queueing/outbox.py)
 and each inbox listener are one thread each, as are a worker's taker and replier
-(their scripts: common/lua_scripts.py's Runner), so each holds a connection of
+(their scripts: common/link/lua_scripts.py's Runner), so each holds a connection of
 its own. Not on Redis Cluster: its pipeline routes each command to the key's node.
 """
 

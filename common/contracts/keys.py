@@ -16,7 +16,7 @@ slot. Layout (docs/redis.md):
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
-    funnel:traffic:{text-embedding}            (version -> weight, common/traffic.py)
+    funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
 
 An async or bulk job's own keys carry its job id as their tag instead, so a
 job's record and results share one slot (each job lands on some node, not its
@@ -28,9 +28,9 @@ holds them with the bulk queue it pushes to:
     funnel:idempotency:{text-embedding}:<sha256 of the key>
 
 On a cluster a job's slot is not its model's: a worker stores a bulk item's
-result (common/jobs.py) before, not inside, the reply script that forgets the
+result (common/bulk/jobs.py) before, not inside, the reply script that forgets the
 message, and the record goes in a step before the items are queued
-(common/job_store.py). Keys read only by single-key commands or scripts of one
+(common/bulk/job_store.py). Keys read only by single-key commands or scripts of one
 key (funnel:workers, funnel:epoch, funnel:device-claims, the due webhooks funnel:webhooks)
 carry no tag (docs/redis.md, "Redis Cluster").
 """
@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from funnel.common.priority import LANES, NORMAL
+from funnel.common.contracts.priority import LANES, NORMAL
 
 # Model names and worker ids end up inside keys: keep them to a safe alphabet.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,7 +68,7 @@ def tag(model: str) -> str:
 class Keys:
     prefix: str = "funnel"
     # On Redis Cluster a bulk job's keys live in the job's slot, not its model's: a script or MULTI
-    # of the model's keys never writes them (is_reply), and a due webhook is marked apart (common/jobs.py).
+    # of the model's keys never writes them (is_reply), and a due webhook is marked apart (common/bulk/jobs.py).
     cluster: bool = False
 
     def __post_init__(self) -> None:
@@ -76,7 +76,7 @@ class Keys:
             raise ValueError(f"the key prefix may not hold braces (hash tags): {self.prefix!r}")
 
     def queue(self, model: str, version: int = 1, lane: str = "normal") -> str:
-        """List of msgpack jobs for one version of a model in one priority lane (common/priority.py):
+        """List of msgpack jobs for one version of a model in one priority lane (common/contracts/priority.py):
         web LPUSHes, that version's workers take from the right; normal is the queue as it always was."""
         if lane not in LANES:
             raise ValueError(f"not a priority lane: {lane!r}")
@@ -107,7 +107,7 @@ class Keys:
         return [*(self.queue(model, version, lane) for lane in LANES), self.bulk(model, version)]
 
     def traffic(self, model: str) -> str:
-        """Hash: version -> weight, the model's traffic policy (common/traffic.py, the one home
+        """Hash: version -> weight, the model's traffic policy (common/contracts/traffic.py, the one home
         of how it is read and written); absent: the highest live version takes everything."""
         return f"{self.prefix}:traffic:{tag(model)}"
 
@@ -117,7 +117,7 @@ class Keys:
         return self.is_reply(key, model) or bool(self.job_of_results(key))
 
     def job(self, job_id: str) -> str:
-        """Hash: one async or bulk job's record (common/jobs.py), with a TTL; tagged with its id, so
+        """Hash: one async or bulk job's record (common/bulk/jobs.py), with a TTL; tagged with its id, so
         its results share its slot."""
         return self.job_prefix() + tag(job_id)
 
@@ -145,7 +145,7 @@ class Keys:
     def idempotency(self, model: str, digest: str) -> str:
         """String: the job id an Idempotency-Key created for a model, with the job's TTL; `digest` is
         the SHA-256 (hex) of the key folded with the submitting API key's owner hash, so each API key's
-        Idempotency-Keys are its own (common/job_store.py). In the model's slot: the submit's MULTI
+        Idempotency-Keys are its own (common/bulk/job_store.py). In the model's slot: the submit's MULTI
         watches and sets it with the model's bulk queue."""
         return f"{self.prefix}:idempotency:{tag(model)}:{check_name(digest)}"
 
@@ -168,7 +168,7 @@ class Keys:
 
     def gone(self, model: str) -> str:
         """Sorted set: ids of a model's interactive jobs whose client left before its answer, each
-        scored by its job's deadline (ms); a worker that takes one drops it unrun (common/lua/leave.lua)."""
+        scored by its job's deadline (ms); a worker that takes one drops it unrun (common/link/lua/leave.lua)."""
         return f"{self.prefix}:gone:{tag(model)}"
 
     def inflight(self, model: str, worker_id: str) -> str:
@@ -200,7 +200,7 @@ class Keys:
         """String: a random token, set by a worker's heartbeat that finds it missing, never expiring: a
         new one (or none) tells the web tier that Redis lost its data (restarted empty, or failed over to a
         replica that never had it), so an empty registry may be workers yet to beat again
-        (common/registry.py's epoch)."""
+        (common/contracts/registry.py's epoch)."""
         return f"{self.prefix}:epoch"
 
     def device_claims(self) -> str:

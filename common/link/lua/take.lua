@@ -1,11 +1,11 @@
 -- take.lua: fill a worker's batch from its model version's lanes (high, normal, low, bulk: see
--- common/priority.py), old ends first, into its in-flight list, in one round trip (worker/queue.py;
+-- common/contracts/priority.py), old ends first, into its in-flight list, in one round trip (worker/queue.py;
 -- LMOVE needs Redis 6.2). First pass: each lane from the lowest up takes the places kept for it
 -- (the floor shares, worker/lanes.py); second pass: each lane in order, high first, fills what is
 -- still free. No lane takes more than its cap. Idle workers block on the normal
 -- queue (worker/queue.py): a full batch that leaves the normal queue empty and jobs waiting in the
 -- high or low lane moves the oldest of them (high's first) to the normal queue, so one wakes for it.
--- Counts are in items: a job holds one request's items (common/wire.py writes their count `n` second
+-- Counts are in items: a job holds one request's items (common/contracts/wire.py writes their count `n` second
 -- in its message, where head_of reads it). A lane takes jobs while it has room left, so its last
 -- job may overrun the room by less than a job (the web makes no job larger than a batch, and the
 -- worker runs a batch in parts of its size); a lane that overran its places pays it back from its
@@ -13,7 +13,7 @@
 -- jobs is never passed over for the small ones behind it.
 --
 -- KEYS[1]     this worker's in-flight list, funnel:inflight:{<model>}:<worker>
--- KEYS[2]     the model's gone set, funnel:gone:{<model>} (see common/lua/leave.lua): a job marked
+-- KEYS[2]     the model's gone set, funnel:gone:{<model>} (see common/link/lua/leave.lua): a job marked
 --             there is dropped unrun and its mark removed (a job whose id head_of cannot read runs)
 -- KEYS[3..6]  the lanes in the order served: funnel:queue-high:, funnel:queue:, funnel:queue-low:,
 --             funnel:bulk:{<model>}:<version>
@@ -29,7 +29,7 @@ local want = tonumber(ARGV[1])
 local taken, counts, items = {}, {}, 0
 
 local function head_of(job)  -- a job's items (at least 1) and id, from its message's first bytes
-  -- (common/wire.py writes v, then n for several items, then id, in a fixmap or map 16): 1 and nil
+  -- (common/contracts/wire.py writes v, then n for several items, then id, in a fixmap or map 16): 1 and nil
   -- where unread; a byte past the end of a short message reads as 0, as wire.item_count reads it
   local function byte(i) return string.byte(job, i) or 0 end
   local head = byte(1)

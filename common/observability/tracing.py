@@ -3,8 +3,8 @@
 Tracing is on in a process when an OTLP endpoint is set
 (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), unless
 OTEL_SDK_DISABLED is true or OTEL_TRACES_EXPORTER is "none". Off, `tracer()`
-is None, nothing of OpenTelemetry is imported, and callers skip their spans
-with one test. On, spans go out through the SDK's batch processor and the
+is None, nothing of OpenTelemetry is imported, and a request's trace is
+NO_TRACE, whose marks do nothing. On, spans go out through the SDK's batch processor and the
 OTLP/HTTP exporter, which read the rest of their settings (headers, timeouts,
 OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*) themselves.
 
@@ -25,16 +25,19 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Link, Span, Tracer
 
 
-class _NoSpan:
-    """What a request's trace is entered as when tracing is off: entered and left for nothing. Its
-    __enter__ and __exit__ are a C function that takes any arguments and answers "" (falsy: an
-    exception goes on), not Python methods as contextlib.nullcontext's are (docs/performance.md)."""
+class NoTrace:
+    """A request's trace when tracing is off: entered, left, stepped and annotated for nothing, so
+    the pipeline marks its steps alike whether tracing is on or off. Each is a C function that takes
+    any arguments and answers "" (falsy: an exception goes on through its `with`), not a Python
+    method as contextlib.nullcontext's are (docs/performance.md); so it is entered as `with trace:`,
+    never `with ... as trace:`."""
 
     __slots__ = ()
-    __enter__ = __exit__ = "".format
+    traceparent = ""  # what the request's jobs carry: no trace
+    step = annotate = __enter__ = __exit__ = "".format
 
 
-NO_SPAN = _NoSpan()
+NO_TRACE = NoTrace()
 _providers: dict[tuple[int, str], Any] = {}  # (pid, service) -> its TracerProvider, or None when off
 
 
@@ -107,8 +110,8 @@ def link_to(traceparent: str, **attributes: Any) -> Link | None:
 class Trace:
     """One request's span (or a bulk job's submit's), told as a timeline: each step() ends the step
     before and starts the next, a child of the request's span; leaving the `with` ends both, the
-    exception recorded on them when one is raised. The pipeline holds None instead when tracing is
-    off, and marks its steps under `if trace:`, so that off they cost a test of a local each."""
+    exception recorded on them when one is raised. With tracing off the pipeline holds NO_TRACE
+    instead, whose marks cost a call of a C function each."""
 
     def __init__(self, tracer: Tracer, name: str, traceparent: str, tracestate: str, attributes: dict[str, Any]):
         from opentelemetry import trace
@@ -155,11 +158,11 @@ class Spans:
         self.tracer = tracer(service)
 
     def request(self, verb: str, name: str, traceparent: str = "", tracestate: str = "",
-                request_id: str = "") -> Trace | None:
+                request_id: str = "") -> Trace | NoTrace:
         """A request's trace (its span named `<verb> <name>`), a child of the client's (its
-        traceparent header) or a new trace's root; None when tracing is off."""
+        traceparent header) or a new trace's root; NO_TRACE when tracing is off."""
         if self.tracer is None:
-            return None
+            return NO_TRACE
         return Trace(self.tracer, f"{verb} {name}", traceparent, tracestate, {"request_id": request_id})
 
     def batch(self, name: str, traceparents: list[str], start_ns: int, end_ns: int,

@@ -1,7 +1,7 @@
 -- store_results.lua: store answered items of one job by index, once each, and count them
--- (common/jobs.py: on a single Redis inside a worker's reply MULTI or recovery's; on a Redis
+-- (common/bulk/jobs.py: on a single Redis inside a worker's reply MULTI or recovery's; on a Redis
 -- Cluster a call of its own, before the reply script forgets the items' messages).
--- include: webhook_due.lua (prepended by common/lua_scripts.py)
+-- include: webhook_due.lua (prepended by common/link/lua_scripts.py)
 --
 -- KEYS[1]    the job record, funnel:job:{<id>}
 -- KEYS[2]    its results hash, funnel:job:{<id>}:results (item index -> msgpack reply)

@@ -21,7 +21,7 @@ lands on the new primary with no restart; a connection still open to a demoted p
 dropped at its first refused write. On a cluster, redis-py's RedisCluster learns the slot map
 from the nodes given, sends each command to the node owning its key's slot and follows MOVED
 after a resharding or failover; a script or MULTI whose keys span slots is refused
-(common/keys.py tags every key of one atomic step with its model, so none does).
+(common/contracts/keys.py tags every key of one atomic step with its model, so none does).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Async and bulk jobs over HTTP: the routes (common/job_store.py keeps the jobs).
+"""Async and bulk jobs over HTTP: the routes (common/bulk/job_store.py keeps the jobs).
 
     POST   /v1/models/<name>/jobs   {"texts": [...]} (or {"inputs": [...]}), up to FUNNEL_MAX_JOB_ITEMS;
                                     an image model: multipart, one `file` field per image
@@ -21,7 +21,7 @@ never existed (404 unknown_job), and keep each key's Idempotency-Keys apart;
 an admin key (FUNNEL_ADMIN_KEYS) reads and cancels any job.
 
 Each route parses the request, calls the pipeline's submit_job (web/pipeline.py)
-or the job store (common/job_store.py) and renders JSON; their errors are
+or the job store (common/bulk/job_store.py) and renders JSON; their errors are
 FunnelErrors, answered by web/errors.py.
 """
 
@@ -33,10 +33,11 @@ from typing import Any
 import orjson
 from flask import Blueprint, Flask, Response, jsonify, request
 
-from funnel.common import jobs, logs
+from funnel.common.bulk import jobs
+from funnel.common.bulk.job_submit import WEBHOOK_HEADER
+from funnel.common.contracts.wire import WireError, decode_reply
 from funnel.common.errors import BadInput, FunnelError
-from funnel.common.job_submit import WEBHOOK_HEADER
-from funnel.common.wire import WireError, decode_reply
+from funnel.common.observability import logs
 from funnel.web import auth
 from funnel.web.jsonio import OPTIONS
 from funnel.web.pipeline import Origin, Pipeline

@@ -1,0 +1,66 @@
+"""The Open Inference Protocol's probes and metadata (GET /v2...), answered by Flask; infer is the
+ASGI front's, through the pipeline (web/protocols/v2.py parses and renders it)."""
+
+from __future__ import annotations
+
+import orjson
+import redis
+from flask import Blueprint, Response, request
+from werkzeug.exceptions import HTTPException
+
+from funnel.common.errors import FunnelError
+from funnel.web.pipeline import Pipeline
+from funnel.web.protocols import v2
+from funnel.web.readiness import model_live, models_without_workers
+
+
+def error_response(message: str, status: int) -> Response:
+    return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
+
+
+def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
+    """Server metadata, liveness and readiness, model metadata and readiness."""
+    catalog = pipeline.catalog
+
+    @routes.get("")
+    def server_metadata():
+        return {"name": "funnel", "version": v2.server_version(), "extensions": v2.EXTENSIONS}
+
+    @routes.get("/health/live")
+    def live():
+        return {"live": True}
+
+    @routes.get("/health/ready")
+    def ready():
+        missing = models_without_workers(pipeline)
+        if missing:
+            return error_response(f"no live worker for {', '.join(sorted(missing))}", 503)
+        return {"ready": True}
+
+    @routes.get("/models/<name>")
+    @routes.get("/models/<name>/versions/<model_version>")
+    def model_metadata(name: str, model_version: str | None = None):
+        return v2.metadata(pipeline.resolve(name, model_version), sorted(catalog.versions(name)))
+
+    @routes.get("/models/<name>/ready")
+    @routes.get("/models/<name>/versions/<model_version>/ready")
+    def model_ready(name: str, model_version: str | None = None):
+        if not model_live(pipeline, name, model_version):
+            return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
+                                                                    else ""), 503)
+        return {"name": name, "ready": True}
+
+
+def create_blueprint(pipeline: Pipeline) -> Blueprint:
+    """The protocol's probes and metadata, answered by Flask (infer is the front's: V2)."""
+    routes = Blueprint("v2", __name__, url_prefix="/v2")
+
+    @routes.errorhandler(FunnelError)
+    @routes.errorhandler(redis.RedisError)
+    @routes.errorhandler(HTTPException)
+    def protocol_error(exc: Exception):
+        status, body, headers = v2.V2(0).render_error(exc, request)
+        return Response(body, status=status, headers=headers, mimetype="application/json")
+
+    install_probes(routes, pipeline)
+    return routes
