@@ -23,7 +23,7 @@ from funnel.common.contracts import registry, traffic, wire
 from funnel.common.contracts.wire import Job
 from funnel.common.store import list_versions, load_spec
 from funnel.worker.settings import WorkerSettings, model_and_version
-from tests import conftest, toy_model
+from tests import support, toy_model
 from tests.support import wait_for
 
 MODEL = "text-embedding"
@@ -48,7 +48,7 @@ def task(versioned_store):
 
 def running_worker(redis_server, store, model: str, worker_id: str, **flags):
     """A worker on a thread, for `model` as --model takes it: NAME or NAME:N; one ONNX thread."""
-    return conftest.running_worker(redis_server, store, model, worker_id, intra_op_threads=1, **flags)
+    return support.running_worker(redis_server, store, model, worker_id, intra_op_threads=1, **flags)
 
 
 def text_job(task, keys, text: str, version: int) -> Job:
