@@ -3,8 +3,6 @@ the lanes with floor shares, and how the names clients send are read."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -19,6 +17,7 @@ from funnel.worker import queue as worker_queue
 from funnel.worker.lanes import Shares
 from funnel.worker.linger import Linger
 from funnel.worker.queue import JobQueue
+from tests.support import wait_for
 from tests.unit.test_jobs import item, make_job
 
 MODEL = "m"
@@ -206,9 +205,8 @@ def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_c
     taken: list = []
     waiting = threading.Thread(target=lambda: taken.append(queue.take(4, Linger(0), 5.0)))
     waiting.start()
-    deadline = time.monotonic() + 5
-    while not any("blmove" in c.get("cmd", "") for c in redis_client.client_list()) and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the worker blocks
+    wait_for(lambda: any("blmove" in c.get("cmd", "") for c in redis_client.client_list()), timeout_s=5,
+             interval_s=0.01, what="the worker blocked on its queue")
     marked = redis_client.pipeline(transaction=True)  # the job and its mark reach the blocked worker at once
     marked.lpush(keys.queue(MODEL), job("normal", 0))
     marked.zadd(keys.gone(MODEL), {"normal-0": now_ms() + 60_000})
