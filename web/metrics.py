@@ -36,6 +36,10 @@ KEYED = Counter("funnel_key_requests", "predict and infer requests by model, API
                 "label, or key-<hash> for a bare key; empty where the server has no keys), priority lane served "
                 "(or asked, when refused before it was chosen; normal for an X-Priority that names no lane, "
                 "refused 400 bad_priority) and status", ["model", "key", "priority", "status"])
+CACHE = Counter("funnel_cache_items", "items of cached models by model, version and outcome: hit (answered from "
+                "the cache, no worker), miss (computed for the request), coalesced (an identical item under way "
+                "for another request, or earlier in the same one, was awaited instead)",
+                ["model", "version", "outcome"])
 RODE_IN = Histogram("funnel_request_batch_size", "size of the batch each request rode in",
                     ["model"], buckets=registry.BATCH_BUCKETS)
 
@@ -65,6 +69,12 @@ def replied(model: str, replies) -> None:
         rode_in.observe(reply.batch_size)
 
 
+def cached(model: str, version: int, outcomes: list[str]) -> None:
+    """A cached model's request: each item's outcome, hit, miss or coalesced."""
+    for outcome in outcomes:
+        _cache(model, version, outcome).inc()
+
+
 def job_submitted(model: str, owner_label: str) -> None:
     """One job created: counted by model and owner label (never a key)."""
     JOBS.labels(model, owner_label).inc()
@@ -80,6 +90,11 @@ def _requests(model: str, status: int):
 @functools.cache
 def _keyed(model: str, key_label: str, lane: str, status: int):
     return KEYED.labels(model, key_label, lane, str(status))  # bounded: the configured keys' labels
+
+
+@functools.cache
+def _cache(model: str, version: int, outcome: str):
+    return CACHE.labels(model, str(version), outcome)  # bounded: served versions, three outcomes
 
 
 @functools.cache
@@ -163,6 +178,6 @@ def _request_collectors() -> CollectorRegistry:
 
         multiprocess.MultiProcessCollector(collectors)
     else:  # one process (no gunicorn): its own counters are the whole story
-        for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN, JOBS):
+        for metric in (REQUESTS, LATENCY, QUEUE_WAIT, RODE_IN, JOBS, CACHE):
             collectors.register(metric)
     return collectors

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import redis
@@ -51,7 +51,7 @@ from funnel.common.observability import tracing
 from funnel.common.tasks import Inputs, Task
 from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
-from funnel.web.queueing import push_script
+from funnel.web.queueing import push_script, recall
 from funnel.web.queueing.admission import Admission
 from funnel.web.queueing.inbox import Inbox, Waiter
 from funnel.web.queueing.outbox import Outbox
@@ -91,6 +91,7 @@ class Served:
     replies: list[Reply]  # one per item, in item order
     prepared: list[Inputs]  # the items' tensors as they were queued (an adapter counts their tokens)
     lane: str  # the priority lane that served it: the one asked for, or lower (admission)
+    cache: list[str] = field(default_factory=list)  # each item's hit, miss or coalesced (queueing/recall.py)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class Pipeline:
 
             def render(task: Task, work: Work, served: Served) -> tuple[bytes, list[tuple[str, str]]]:
                 body, headers = adapter.render(task, work, served)
-                return body, [*headers, ("X-Priority", served.lane)]  # the lane served, which may be lower
+                cached = [("X-Cache", recall.x_cache(served.cache))] if served.cache else []
+                return body, [*headers, ("X-Priority", served.lane), *cached]  # the lane served, which may be lower
 
             body, headers = await self.infer(adapter, request, name, version,
                                              lambda: request_timeout(request.headers, cap_s), origin, render)
@@ -194,9 +196,10 @@ class Pipeline:
             trace.step("admit", items=len(prepared))
             lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
                                        task.spec.version)
-            replies = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane, trace)
+            replies, cache = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane,
+                                            trace, recall.Ask(task.cache))
             trace.step("render")
-            return render(task, work, Served(replies, prepared, lane))
+            return render(task, work, Served(replies, prepared, lane, cache))
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
                    body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
@@ -278,9 +281,12 @@ class Pipeline:
 
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
                   raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
-                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE) -> list[Reply]:
+                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE,
+                  cache: recall.Ask = recall.OFF) -> tuple[list[Reply], list[str]]:
         """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
         version's queue in the lane, and a reply per input in input order; a failed reply raised.
+        With the model's cache on, one job per distinct item, and each item's cache state
+        (queueing/recall.py), else [].
 
         429 at once when the caller's key is past its limits; 503 at once when no live
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
@@ -290,23 +296,30 @@ class Pipeline:
         """
         capacity = self.admission.capacity(model, version)
         deadline = now_ms() + int(timeout_s * 1000)
+        plan = recall.Plan.of(cache.policy, origin.owner, inputs, raw) if cache.policy.on else None
         size = job_size(capacity, len(inputs))
-        parts = [inputs[start:start + size] for start in range(0, len(inputs), size)]
+        parts = [[item] for item in plan.items] if plan else [inputs[start:start + size]
+                                                               for start in range(0, len(inputs), size)]
         ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
                                deadline=deadline, raw=raw, version=version, trace=trace.traceparent,
-                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane))
-                for job_id, part in zip(ids, parts)]
+                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane,
+                               cache=plan.idents[k] if plan else ""))
+                for k, (job_id, part) in enumerate(zip(ids, parts))]
         calibration = self.calibration.factor(model)
         limit = self.admission.limit(origin.label, bool(origin.owner))
         owner = origin.owner if limit else push_script.UNLIMITED
         estimate = capacity.script_args(calibration) if self.settings.shed and capacity.known else None
-        push = push_script.PushCall(model=model, version=version, lane=lane, jobs=jobs, items=len(inputs),
+        push = push_script.PushCall(model=model, version=version, lane=lane, jobs=jobs,
+                                    items=len(parts) if plan else len(inputs),
                                     per_job=self.job_sizes.of(model), max_queue=self.settings.max_queue,
                                     estimate=estimate, inflight=capacity.workers if estimate else (),
                                     budget_s=timeout_s, owner=owner, limit=limit, now_ms=now_ms(), token=ids[0],
-                                    deadline_ms=deadline)
+                                    deadline_ms=deadline,
+                                    cache=plan.lookup(ids, self.inbox.key(model), cache.read) if plan else None)
+        if plan:
+            self.inbox.lending = True
         self.job_sizes.observe(model, len(inputs), len(jobs))
         ahead, pushed_ms = -1, 0
         try:
@@ -317,11 +330,20 @@ class Pipeline:
             trace.step("wait")
             if not capacity.workers and not self.settings.hold_without_workers:
                 await self._await_a_worker(waiter, model, version, deadline)
-            replies = await self.inbox.collect(waiter, ids, deadline)
+            if plan:
+                async def again(items: list[Inputs], read: bool, left_s: float) -> tuple[list[Reply], list[str]]:
+                    return await self.run(model, version, items, left_s, raw, origin, lane, trace,
+                                          recall.Ask(cache.policy, read))
+
+                replies, states = await recall.settle(self.inbox, model, plan, answer[3], waiter, ids, deadline, again)
+            else:
+                replies, states = await self.inbox.collect(waiter, ids, deadline), []
         except (NotReplicated, NoWorker, redis.RedisError, asyncio.CancelledError) as exc:
             # Queued, or maybe (a push whose answer was lost is never sent again: common/link/line.py),
-            # and nobody will read the answers: marked, so that no worker runs them.
-            self._unawaited_push(self.leaving, *push_script.leave_call(self.keys, model, now_ms(), deadline, ids))
+            # and nobody will read the answers: marked, so that no worker runs them (a cached item's
+            # job runs: others may wait on it).
+            if not plan:
+                self._unawaited_push(self.leaving, *push_script.leave_call(self.keys, model, now_ms(), deadline, ids))
             if isinstance(exc, NotReplicated):
                 pushed_ms = now_ms()  # its key's token was taken with the push: released below
             if isinstance(exc, redis.RedisError):
@@ -333,8 +355,12 @@ class Pipeline:
                 self._unawaited_push(self.releasing, *push_script.release_call(self.keys, model, owner, ids[0]))
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
                 self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
+        if plan:
+            metrics.cached(model, version, states)
+            metrics.replied(model, [reply for reply, state in zip(replies, states) if state == recall.MISS])
+            return each_item([[item] for item in inputs], replies, len(inputs)), states
         metrics.replied(model, replies)
-        return each_item(parts, replies, len(inputs))
+        return each_item(parts, replies, len(inputs)), states
 
     async def _await_a_worker(self, waiter: Waiter, model: str, version: int, deadline: int) -> None:
         """A request queued in the grace an emptied registry gets (WorkerView.grace_s) waits for

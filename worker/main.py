@@ -65,7 +65,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     hold = Hold(stop, settings.test_hold)
     steps = Steps(settings=settings, task=task, backend=model, device=device, batch_size=batch_size, keys=keys,
                   queue=JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
-                  replier=Replier(client, keys, settings.worker_id, spec.name, settings.reply_ttl_s, hold),
+                  replier=Replier(client, keys, settings.worker_id, spec.name, settings.reply_ttl_s, version,
+                                  task.cache.ttl_s, hold),
                   linger=Linger(settings.linger_ms, stop), stats=heartbeat.stats, stop=stop, hold=hold,
                   spans=tracing.Spans("funnel-worker"))
     warmup.run(task, model, batch_size, device)  # before registering: no request meets a cold shape

@@ -8,6 +8,10 @@ reply is pushed, and its dead letter parked, only if that LREM found it
 recovered and requeued, answers none of them a second time, nor does a second
 run of the same answer (its EXEC's answer lost).
 
+A job of a cached item (common/result_cache.py) names its item's ident: the reply script stores a
+success as the item's entry and hands the reply to the requests waiting on the item's pending
+marker, in the same step, so a waiting request learns the answer however many workers died first.
+
 Every key of the reply script carries the model's hash tag (the worker checks
 each job's reply_to against its model, worker/batch.py), so on Redis Cluster
 it stays in one slot. Bulk items' results are stored once per item
@@ -21,7 +25,7 @@ crash in between leaves the items in flight, for recovery to run again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -42,14 +46,17 @@ class Replier:
     worker_id: str
     model: str
     ttl_s: int  # an unread reply list's life
+    version: int = 1  # the model version answered: its cache entries' keys name it
+    cache_ttl_s: int = 0  # a cached item's entry's life (0: the model does not cache)
     hold: Hold = field(default_factory=lambda: Hold(threading.Event()))  # the fault suite's seam (stored)
 
     def answer(self, replies: list[tuple[str, Reply]], dead: list[bytes], taken: Sequence[bytes] = (),
-               taken_ids: Sequence[str] = ()) -> list[str]:
+               taken_ids: Sequence[str] = (), cached: Mapping[str, str] = {}) -> list[str]:
         """Store the bulk items' results; then, for each message taken (its job's id in taken_ids, ""
         if it had none), forget it, and push its reply or park it as dead only if it was still in
-        flight. Returns the ids of the jobs answered: those still held (bulk items on a cluster: all),
-        which the soak's job ledger records (benchmarks/ledger.py).
+        flight (cached: the cache ident of each job of a cached item, by job id). Returns the ids
+        of the jobs answered: those still held (bulk items on a cluster: all), which the soak's job
+        ledger records (benchmarks/ledger.py).
 
         All or nothing on a single Redis (one script, or a MULTI with the bulk results, each stored
         only while its message is still in flight): a crash before it leaves the jobs in flight for
@@ -58,7 +65,7 @@ class Replier:
         answer is counted, never stored.
         """
         by_job, by_id = sorted_replies(self.keys, replies)
-        call = ReplyCall.of(self, by_id, by_job, dead, taken, taken_ids)
+        call = ReplyCall.of(self, by_id, by_job, dead, taken, taken_ids, cached)
         if by_job and self.keys.cluster:  # each job's own slot: stored before its messages are forgotten
             for results_key, items in by_job.items():
                 store_results_apart(self.client, self.keys, results_key, items)
@@ -105,21 +112,33 @@ class ReplyCall:
 
     @classmethod
     def of(cls, replier: Replier, by_id: dict[str, tuple[str, Reply]], by_job: dict[str, list[Reply]],
-           dead: list[bytes], taken: Sequence[bytes], taken_ids: Sequence[str]) -> ReplyCall:
+           dead: list[bytes], taken: Sequence[bytes], taken_ids: Sequence[str],
+           cached: Mapping[str, str] = {}) -> ReplyCall:
         lists: list[str] = []  # the reply lists, KEYS[3..]
+        entries: list[str] = []  # then each cached item's entry and pending marker
         parked, waiting = set(dead), dict(by_id)
-        call = cls([], [replier.ttl_s], [], {})
+        call = cls([], [replier.ttl_s, replier.cache_ttl_s * 1000], [], {})
         item_ids = {reply.id for answered in by_job.values() for reply in answered}
         for raw, job_id in zip(taken, taken_ids, strict=True):
             found = waiting.pop(job_id, None)
             if found is not None and found[0] not in lists:
                 lists.append(found[0])
+            ident = cached.get(job_id, "") if replier.cache_ttl_s else ""
+            if ident:
+                entries += [replier.keys.cache(replier.model, replier.version, ident),
+                            replier.keys.cache_pending(replier.model, replier.version, ident)]
             call.args += [raw, lists.index(found[0]) + 3 if found else 0, encode_reply(found[1]) if found else b"",
-                          int(raw in parked)]
+                          int(raw in parked), len(entries) - 1 if ident else 0, job_id,
+                          int(bool(found and found[1].ok and ident))]
             call.replied.append(job_id if found or job_id in item_ids else "")
             if job_id in item_ids:
                 call.messages[job_id] = raw
         if waiting:
             raise ValueError(f"replies to jobs this batch did not take: {sorted(waiting)}")
         call.keys = [replier.keys.inflight(replier.model, replier.worker_id), replier.keys.dead(replier.model), *lists]
+        offset = len(call.keys)  # the entries' indices in KEYS, counted from the first entry
+        for at in range(6, len(call.args), 7):
+            if call.args[at]:
+                call.args[at] += offset
+        call.keys += entries
         return call

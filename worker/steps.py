@@ -122,7 +122,8 @@ class Steps:
         self._record(batch)
 
     def _write(self, batch: batching.Batch) -> bool:
-        self.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids)
+        self.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids,
+                            {job.id: job.cache for job in batch.jobs if job.cache})
         return True
 
     def _tell(self, batch: batching.Batch) -> None:

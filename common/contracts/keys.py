@@ -17,6 +17,8 @@ slot. Layout (docs/redis.md):
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
     funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
+    funnel:cache:{text-embedding}:<version>:<scope>:<digest>          (a result, common/result_cache.py)
+    funnel:cache-pending:{text-embedding}:<version>:<scope>:<digest>  (its computation under way)
 
 An async or bulk job's own keys carry its job id as their tag instead, so a
 job's record and results share one slot (each job lands on some node, not its
@@ -171,6 +173,17 @@ class Keys:
         scored by its job's deadline (ms); a worker that takes one drops it unrun (common/link/lua/leave.lua)."""
         return f"{self.prefix}:gone:{tag(model)}"
 
+    def cache(self, model: str, version: int, ident: str) -> str:
+        """String: one item's result, a reply's wire bytes, kept for the model's cache TTL
+        (common/result_cache.py; ident is "<scope>:<digest>"); in the model's slot, as the push and
+        reply scripts read and write it with the model's queues and in-flight lists."""
+        return f"{self.prefix}:cache:{tag(model)}:{check_version(version)}:{ident}"
+
+    def cache_pending(self, model: str, version: int, ident: str) -> str:
+        """Hash: the job computing an item the cache lacks (`job`, `deadline` ms) and the reply lists
+        of the requests waiting for it (each a field), until its reply or its deadline."""
+        return f"{self.prefix}:cache-pending:{tag(model)}:{check_version(version)}:{ident}"
+
     def inflight(self, model: str, worker_id: str) -> str:
         """Jobs one worker of `model` holds between taking and answering them."""
         return f"{self.prefix}:inflight:{tag(model)}:{check_name(worker_id)}"
@@ -211,7 +224,8 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
-                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running"):
+                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "cache",
+                        "cache-pending"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

@@ -6,9 +6,9 @@ version, a missing or mistyped field or an oversized message raises
 WireError, never anything else.
 
 A field added later is optional on decoding, with the value the messages before
-it meant (`raw`: False; `version`: 1, the one version a model had; `trace` and
-`request_id`: none; `priority`: the normal lane), so the protocol version stays 1 and old and new processes
-read each other's messages.
+it meant (`raw`: False; `version`: 1, the one version a model had; `trace`,
+`request_id` and `cache`: none; `priority`: the normal lane), so the protocol version stays 1
+and old and new processes read each other's messages.
 
 A job carries one request's items. One item travels as `inputs`, as it always
 did; several as `items`, a list of such maps, with their count `n` written
@@ -19,6 +19,7 @@ right after `v`, where the take script reads it without decoding the message
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,7 @@ class Job:
     trace: str = ""  # the W3C traceparent of the request that sent it ("": not traced)
     request_id: str = ""  # the request's X-Request-ID, for the worker's log lines about it
     priority: str = ""  # its lane, "high" or "low" ("": normal, contracts/priority.py): recovery requeues it there
+    cache: str = ""  # its one item's result-cache ident, "<scope>:<digest>" (common/result_cache.py; "": none)
 
 
 def encode_job(job: Job) -> bytes:
@@ -166,7 +168,7 @@ def encode_job(job: Job) -> bytes:
         "enqueued": job.enqueued, "attempt": job.attempt, "raw": job.raw, "version": job.version,
         # Only when set: an untraced job is no bigger than before.
         **({"trace": job.trace} if job.trace else {}), **({"request_id": job.request_id} if job.request_id else {}),
-        **({"priority": job.priority} if job.priority else {}),
+        **({"priority": job.priority} if job.priority else {}), **({"cache": job.cache} if job.cache else {}),
         # Last, so that peek_job reads the fields before them without unpacking the tensors. One
         # item as jobs always were (any worker reads it); several as a list.
         **({"inputs": items[0]} if len(items) == 1 else {"items": items}),
@@ -232,7 +234,20 @@ def decode_job(data: Any) -> Job:
         trace=_field(obj, "trace", str, optional=True) or "",  # optional: absent when not traced
         request_id=_field(obj, "request_id", str, optional=True) or "",
         priority=_lane(obj),
+        cache=_cache_ident(obj),
     )
+
+
+_CACHE_IDENT = re.compile(r"[A-Za-z0-9._-]{1,64}:[0-9a-f]{32}")
+
+
+def _cache_ident(obj: dict) -> str:
+    """A job's result-cache ident: optional ("" for none, and for jobs from before the cache); it
+    names keys the worker writes, so it is held to their alphabet."""
+    ident = _field(obj, "cache", str, optional=True) or ""
+    if ident and not _CACHE_IDENT.fullmatch(ident):
+        raise WireError(f"bad cache ident {ident[:80]!r}")
+    return ident
 
 
 def _lane(obj: dict) -> str:

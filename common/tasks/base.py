@@ -13,11 +13,13 @@ numpy (and Pillow, tokenizers). The worker imports only what `check`,
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from funnel.common.result_cache import CachePolicy
 from funnel.common.store import ModelSpec
 
 Inputs = dict[str, np.ndarray]
@@ -48,6 +50,12 @@ class Task(abc.ABC):
                              f"{type(self).__name__} (it has {sorted(self.default_limits) or 'none'})")
         given = {k: v for k, v in (limits or {}).items() if k in self.default_limits}
         self.limits: dict[str, int] = {**self.default_limits, **configured, **given}
+        _ = self.cache  # a model.json whose "cache" is no policy fails its load, not its requests
+
+    @functools.cached_property
+    def cache(self) -> CachePolicy:
+        """Whether and how this version's results are cached (model.json's "cache", common/result_cache.py)."""
+        return CachePolicy.of(self.spec.config)
 
     # -- web side ------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
 from funnel.web.pipeline import Origin, Pipeline, Served, Work
 from funnel.web.protocols import v2
+from funnel.web.queueing.recall import x_cache
 
 log = logging.getLogger("funnel.web.grpc")
 
@@ -165,7 +166,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         def render(task: Task, work: Work[v2.Wanted], served: Served) -> pb.ModelInferResponse:
             outputs, chunks = v2.outputs_of(task, work.context.outputs, served.replies)
-            return infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
+            response = infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
+            if served.cache:  # whether the result cache answered it, as /v2's parameters say
+                response.parameters["cache"].string_param = x_cache(served.cache).lower()
+            return response
 
         async def answer(origin: Origin):
             return await self.pipeline.infer(self.parser, request, request.model_name, request.model_version or None,

@@ -50,15 +50,15 @@ class V1:
         name, replies = task.spec.name, served.replies
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
         request_id = logs.REQUEST_ID.get()
-        by_job: dict[str, dict] = {}  # the items of one job share its reply's figures: one meta a job
+        by_job: dict[tuple[str, str], dict] = {}  # the items of one job share its reply's figures: one meta a job
         meta = []
-        for r in replies:
-            shared = by_job.get(r.id)
+        for r, cache in zip(replies, served.cache or [""] * len(replies), strict=True):
+            shared = by_job.get((r.id, cache))
             if shared is None:
-                shared = by_job[r.id] = {
+                shared = by_job[r.id, cache] = {
                     "worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
                     "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
-                    "priority": served.lane}
+                    "priority": served.lane, **({"cache": cache} if cache else {})}
             meta.append(shared)
         if work.context.single:
             body = {"model": name, **results[0], "meta": meta[0]}

@@ -41,6 +41,7 @@ from funnel.web.protocols.tensors import (
     split_body,
     stack_rows,
 )
+from funnel.web.queueing.recall import x_cache
 
 log = logging.getLogger("funnel.web")
 
@@ -203,6 +204,8 @@ class V2:
         head: dict[str, Any] = {"model_name": task.spec.name, "model_version": str(task.spec.version)}
         if work.context.id is not None:
             head["id"] = work.context.id
+        if served.cache:  # whether the result cache answered it, as X-Cache says (queueing/recall.py)
+            head["parameters"] = {"cache": x_cache(served.cache).lower()}
         body, headers = response_body(head, outputs, chunks)
         return body, list(headers.items())
 

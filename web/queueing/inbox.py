@@ -13,11 +13,17 @@ a worker's reply MULTI writes the inbox with its model's in-flight list, so on
 Redis Cluster the inbox must be in the model's slot, and a BRPOP may not span
 slots. One listener per list keeps each round trip at today's two commands on
 a single Redis too (one BRPOP over several lists would need an RPOP for each).
+
+A request may also borrow another's job: its cached item computed for an earlier request
+(web/queueing/recall.py), whose reply the worker sends to every list waiting on the item. Any
+number of requests may borrow one job, and its reply may come before the borrower has learnt the
+job's id: a reply nobody waits for is kept a while (RECENT), and a borrower looks there first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -36,6 +42,7 @@ log = logging.getLogger(__name__)
 POP_COUNT = 512      # replies taken per round trip beyond the first
 IDLE_BLOCK_S = 1.0   # BRPOP timeout when nothing arrives: how often the thread looks up
 RETRY_S = 0.2        # pause after a Redis error before listening again
+RECENT = 1024        # replies nobody waited for, kept for a borrower that learns their job late
 
 
 class Waiter:
@@ -64,6 +71,12 @@ class Waiter:
         if len(self.got) == self.count:
             self.future.set_result(self.got)
 
+    def narrow(self, count: int) -> None:
+        """Wait for `count` replies only (some jobs were never queued); done now if they are in."""
+        self.count = count
+        if count and len(self.got) >= count and not self.future.done():
+            self.future.set_result(self.got)
+
     def expire(self) -> None:
         if not self.future.done():
             self.future.set_exception(Timeout("no reply before the deadline"))
@@ -74,6 +87,12 @@ class Inbox:
         self.client, self.keys, self.on_unclaimed = client, keys, on_unclaimed
         self._line = None if keys.cluster else Line(client)  # each listener thread holds a connection
         self._waiting: dict[str, tuple[str, Waiter]] = {}  # job id -> (model, its request's waiter)
+        self._borrowed: dict[str, list[tuple[str, Waiter]]] = {}  # another's job id -> its borrowers
+        self._recent: collections.OrderedDict[str, Reply] = collections.OrderedDict()  # unclaimed, newest last
+        self._routing = threading.Lock()  # a borrower's look at _recent against the listener's routing
+        # Set once a request of a cached model runs: every reply is then kept a while, since one
+        # this process's request awaited may be borrowed by another just after.
+        self.lending = False
         self._inboxes: dict[str, str] = {}  # model -> this process's reply list for it
         self._started_in: int | None = None  # pid: a forked gunicorn worker starts its own threads
         self._start_lock = threading.Lock()
@@ -106,12 +125,36 @@ class Inbox:
         for job_id in job_ids:
             self._waiting.pop(job_id, None)
 
+    def borrow(self, model: str, job_ids: list[str]) -> Waiter:
+        """Wait for the replies of jobs other requests queued (each id once); their waiter."""
+        waiter = Waiter(len(job_ids))
+        with self._routing:
+            for job_id in job_ids:
+                came = self._recent.pop(job_id, None)
+                if came is not None:
+                    waiter.put(came)
+                else:
+                    self._borrowed.setdefault(job_id, []).append((model, waiter))
+        return waiter
+
+    def give_back(self, job_ids: list[str], waiter: Waiter) -> None:
+        """Stop waiting for borrowed jobs (answered, or given up)."""
+        with self._routing:
+            for job_id in job_ids:
+                left = [entry for entry in self._borrowed.get(job_id, ()) if entry[1] is not waiter]
+                if left:
+                    self._borrowed[job_id] = left
+                else:
+                    self._borrowed.pop(job_id, None)
+
     def _ensure_listening(self, model: str) -> None:
         if self._started_in == os.getpid() and model in self._inboxes:
             return
         with self._start_lock:
             if self._started_in != os.getpid():
                 self._waiting.clear()  # a fork inherits the parent's maps, not its threads
+                self._borrowed.clear()
+                self._recent.clear()
                 self._inboxes = {}
                 self._name = f"web-{uuid.uuid4().hex}"
                 self._started_in = os.getpid()
@@ -162,13 +205,26 @@ class Inbox:
             waiting = self._waiting.pop(reply.id, None)  # popped: a second answer finds nobody
             if waiting is not None:
                 waiting[1].put(reply)
-            else:  # its request gave up (deadline) and left, or the job was answered twice
-                self.on_unclaimed()
+            if waiting is None or self.lending:
+                with self._routing:
+                    borrowers = self._borrowed.pop(reply.id, ())
+                    for _, waiter in borrowers:
+                        waiter.put(reply)
+                    self._keep(reply)  # for a borrower yet to learn its job
+                if waiting is None and not borrowers:  # its request gave up (deadline) and left, or the
+                    self.on_unclaimed()                # job was answered twice, or a borrower is late
+
+    def _keep(self, reply: Reply) -> None:
+        self._recent[reply.id] = reply
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
 
     def _fail_waiting(self, model: str, error: Exception) -> None:
         """Redis (on a cluster, the model's node) went away: replies may be lost with it, so nobody
         waits for them."""
-        for waiter in {waiter for of, waiter in list(self._waiting.values()) if of == model}:
+        with self._routing:
+            borrowers = [entry for entries in self._borrowed.values() for entry in entries]
+        for waiter in {waiter for of, waiter in [*self._waiting.values(), *borrowers] if of == model}:
             waiter.put(error)
 
 

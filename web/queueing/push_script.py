@@ -34,21 +34,44 @@ class PushCall:
     now_ms: int = 0
     token: str = ""  # the request's token among its key's requests under way (its first job's id)
     deadline_ms: int = 0
+    cache: CacheLookup | None = None  # each job one cached item (None: not cached)
 
     def keys(self, keys: Keys) -> list[str]:
         """KEYS: the version's three lanes, the caller's bucket and requests under way, the workers'
-        in-flight lists."""
+        in-flight lists; each cached item's entry and pending marker."""
         model = self.model
         return [*(keys.queue(model, self.version, lane) for lane in priority.LANES), keys.limit(model, self.owner),
-                keys.running(model, self.owner), *(keys.inflight(model, worker) for worker in self.inflight)]
+                keys.running(model, self.owner), *(keys.inflight(model, worker) for worker in self.inflight),
+                *(self.cache.keys(keys, model, self.version) if self.cache else ())]
 
     def args(self) -> list:
         """ARGV, in the order of push.lua's header."""
         shed = [1, self.budget_s, *self.estimate] if self.estimate is not None else [0, self.budget_s, 0, 0, 0, 0, 0, 0]
         limited = [1, *self.limit.script_args()] if self.limit is not None else [0, 0, 0, 0]
+        cache = self.cache
+        jobs = [part for pair in zip(cache.job_ids, self.jobs, strict=True) for part in pair] if cache else self.jobs
         return [self.max_queue, *shed, *limited, self.now_ms, self.token, self.deadline_ms,
                 priority.LANES.index(self.lane) + 1, len(self.jobs) if self.items is None else self.items,
-                repr(self.per_job), *self.jobs]
+                repr(self.per_job), len(tuple(self.inflight)), cache.mode if cache else 0,
+                cache.reply_to if cache else "", *jobs]
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """push.lua's part for a request's cached items, one job each (web/queueing/recall.py)."""
+
+    idents: list[str]  # each job's item's cache ident
+    job_ids: list[str]  # each job's id, which its item's pending marker names
+    reply_to: str  # the request's reply list, where a job computed for another request answers it too
+    read: bool = True  # read the entries (False: they were unreadable: the items are computed again)
+
+    @property
+    def mode(self) -> int:
+        return 1 if self.read else 2
+
+    def keys(self, keys: Keys, model: str, version: int) -> list[str]:
+        return [key for ident in self.idents
+                for key in (keys.cache(model, version, ident), keys.cache_pending(model, version, ident))]
 
 
 def leave_call(keys: Keys, model: str, now_ms: int, deadline_ms: int, job_ids: list[str]) -> tuple[list, list]:

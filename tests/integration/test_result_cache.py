@@ -1,0 +1,150 @@
+"""The result cache (common/result_cache.py, web/queueing/recall.py) against a real redis-server, a
+web tier and text workers: a hit answered with no worker, a request of known and new items, 64
+concurrent requests for one new text computed once, a corrupt entry, a new version, and tenants."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from funnel.common.contracts.keys import Keys
+from funnel.scripts.stack import Stack
+from tests.support import FAST_HEARTBEAT, http, metric, wait_for
+
+MODEL = "text-embedding"
+KEYS = "alpha=alpha-key,beta=beta-key"
+ALPHA = {"Authorization": "Bearer alpha-key"}
+BETA = {"Authorization": "Bearer beta-key"}
+
+
+def cached_store(model_store: Path, root: Path, versions: tuple[int, ...] = (1,), **cache) -> Path:
+    """The shipped text model as these versions, its files linked, its model.json caching."""
+    store = root / "cached-store"
+    for version in versions:
+        folder = store / MODEL / str(version)
+        folder.mkdir(parents=True)
+        for path in (model_store / MODEL).iterdir():
+            if path.name != "model.json":
+                (folder / path.name).symlink_to(path)
+        meta = json.loads((model_store / MODEL / "model.json").read_text())
+        (folder / "model.json").write_text(json.dumps({**meta, "cache": {"ttl_s": 600, **cache}}))
+    return store
+
+
+@pytest.fixture(scope="module")
+def stack(model_store, tmp_path_factory):
+    store = cached_store(model_store, tmp_path_factory.mktemp("cache"), versions=(1, 2))
+    with Stack(model_store=store, models=[MODEL], workers=[f"{MODEL}:1", f"{MODEL}:2"],
+               log_dir=tmp_path_factory.mktemp("cache-logs"),
+               worker_env={"FUNNEL_INTRA_OP_THREADS": "1", **FAST_HEARTBEAT},
+               web_env={"FUNNEL_API_KEYS": KEYS, "FUNNEL_REQUEST_TIMEOUT_S": "30"}) as running:
+        yield running
+
+
+def predict(stack, body: dict, headers: dict = ALPHA, version: int | None = None):
+    path = f"/v1/models/{MODEL}" + (f"/versions/{version}" if version else "") + "/predict"
+    status, answer, got = http("POST", stack.url + path, json_body=body, headers=headers)
+    assert status == 200, answer
+    return answer, got
+
+
+def items_computed(stack) -> float:
+    _, answer, _ = http("GET", stack.url + "/metrics", headers=ALPHA)
+    return metric(answer["_text"], "funnel_worker_items_total", model=MODEL)
+
+
+def settled(stack) -> float:
+    """The workers' item count once it stops moving (their registry is written a beat late)."""
+    seen = [items_computed(stack)]
+
+    def still():
+        seen.append(items_computed(stack))
+        return len(seen) > 2 and seen[-1] == seen[-2]
+    wait_for(still, timeout_s=10, interval_s=1.5, what="the workers' counters to settle")
+    return seen[-1]
+
+
+def test_a_known_text_is_answered_from_the_cache_without_a_worker(stack):
+    first, headers = predict(stack, {"text": "the cache's first text"})
+    assert headers["X-Cache"] == "MISS" and first["meta"]["cache"] == "miss"
+    before = settled(stack)
+    again, headers = predict(stack, {"text": "the cache's first text"})
+    assert headers["X-Cache"] == "HIT" and again["meta"]["cache"] == "hit"
+    assert again["meta"]["batch_size"] == 0
+    assert np.allclose(again["embedding"], first["embedding"])
+    assert settled(stack) == before, "a hit ran on a worker"
+    mixed, headers = predict(stack, {"texts": ["a new text", "the cache's first text", "a new text"]})
+    assert headers["X-Cache"] == "PARTIAL"
+    assert [m["cache"] for m in mixed["meta"]] == ["miss", "hit", "coalesced"]
+    assert np.allclose(mixed["results"][1]["embedding"], first["embedding"])
+    assert np.allclose(mixed["results"][0]["embedding"], mixed["results"][2]["embedding"])
+    assert settled(stack) == before + 1, "the repeated new text ran once"
+
+
+def cache_counts(stack) -> dict[str, float]:
+    _, text, _ = http("GET", stack.url + "/metrics", headers=ALPHA)
+    return {outcome: metric(text["_text"], "funnel_cache_items_total", model=MODEL, outcome=outcome)
+            for outcome in ("hit", "miss", "coalesced")}
+
+
+def test_64_concurrent_requests_for_one_new_text_compute_it_once(stack):
+    predict(stack, {"text": "warm the counters"})
+    before, counted = settled(stack), cache_counts(stack)
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda _: predict(stack, {"text": "sixty-four at once"}), range(64)))
+    vectors = np.array([answer["embedding"] for answer, _ in answers])
+    assert np.allclose(vectors, vectors[0], atol=1e-6)
+    kinds = [answer["meta"]["cache"] for answer, _ in answers]
+    assert kinds.count("miss") == 1, kinds
+    assert settled(stack) == before + 1, "the model computed the text more than once"
+    after = cache_counts(stack)
+    assert {k: after[k] - counted[k] for k in after} == {k: kinds.count(k) for k in after}
+
+
+def entry_keys(stack) -> list[bytes]:
+    client = redis.Redis.from_url(stack.redis_url)
+    return list(client.scan_iter(Keys().pattern("cache")))
+
+
+def test_a_corrupt_entry_is_a_miss_and_is_written_again(stack):
+    predict(stack, {"text": "soon corrupt"})
+    client = redis.Redis.from_url(stack.redis_url)
+    corrupted = 0
+    for key in entry_keys(stack):
+        if client.get(key) is not None:
+            client.set(key, b"\x81\xa1v\x01 not a reply", keepttl=True)
+            corrupted += 1
+    assert corrupted
+    answer, headers = predict(stack, {"text": "soon corrupt"})
+    assert headers["X-Cache"] == "MISS" and len(answer["embedding"]) == 384
+    _, headers = predict(stack, {"text": "soon corrupt"})
+    assert headers["X-Cache"] == "HIT"
+
+
+def test_a_new_version_starts_cold(stack):
+    predict(stack, {"text": "versioned text"}, version=1)
+    _, headers = predict(stack, {"text": "versioned text"}, version=1)
+    assert headers["X-Cache"] == "HIT"
+    answer, headers = predict(stack, {"text": "versioned text"}, version=2)
+    assert headers["X-Cache"] == "MISS" and answer["meta"]["model_version"] == 2
+
+
+def test_one_key_never_hits_another_keys_entry(stack):
+    predict(stack, {"text": "alpha's secret"}, ALPHA)
+    _, headers = predict(stack, {"text": "alpha's secret"}, ALPHA)
+    assert headers["X-Cache"] == "HIT"
+    _, headers = predict(stack, {"text": "alpha's secret"}, BETA)
+    assert headers["X-Cache"] == "MISS", "beta learnt that alpha had sent the text"
+
+
+def test_v2_parameters_say_whether_it_was_a_hit(stack):
+    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["v2 text"]}]}
+    path = stack.url + f"/v2/models/{MODEL}/versions/1/infer"
+    statuses = [http("POST", path, json_body=body, headers=ALPHA) for _ in range(2)]
+    assert [s[0] for s in statuses] == [200, 200], statuses
+    assert [s[1]["parameters"]["cache"] for s in statuses] == ["miss", "hit"]

@@ -1,0 +1,156 @@
+"""A request's items of a cached model (common/result_cache.py): known, borrowed, or computed.
+
+The pipeline (web/pipeline.py, `run`) makes one job of each distinct item, named by the item's
+cache ident; the push script (common/link/lua/push.lua) answers, in its one round trip, what
+became of each: known (its entry: the item's reply), under way for another request (that job's id
+and deadline: the worker's reply script sends its reply to this request's list too), or queued,
+marked as under way. Identical items of one request are one job.
+
+A borrowed job is waited for until this request's deadline or that job's, whichever is first (a
+job past its deadline is dropped unrun); an item whose borrowed job went unanswered by then, or
+whose entry would not decode, is asked again (`again`): by then it is known, under way once more, or
+queued by this request. A job whose client leaves is still run: others may be waiting on it, and
+its answer fills the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from funnel.common import result_cache
+from funnel.common.contracts.wire import Reply, now_ms
+from funnel.common.errors import Timeout
+from funnel.common.tasks import Inputs
+from funnel.web.queueing.inbox import Inbox, Waiter
+from funnel.web.queueing.push_script import CacheLookup
+
+HIT, MISS, COALESCED = "hit", "miss", "coalesced"  # an item's answer: known; computed for it; for another
+GRACE_MS = 250  # past a borrowed job's deadline: a worker that took it just in time answers soon after
+
+# Ask again for some of a request's items (read: whether to read their entries), with the time it
+# has left: each one's reply and state.
+Again = Callable[[list[Inputs], bool, float], Awaitable[tuple[list[Reply], list[str]]]]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """How a request asks the cache: its model's policy, and whether to read the entries."""
+
+    policy: result_cache.CachePolicy = result_cache.CachePolicy()
+    read: bool = True  # False: they were found unreadable, and the items are computed again
+
+
+OFF = Ask()
+
+
+@dataclass
+class Plan:
+    """A request's items as the cache knows them: the distinct ones, one job each."""
+
+    items: list[Inputs] = field(default_factory=list)  # the distinct items, in first-seen order
+    idents: list[str] = field(default_factory=list)  # each one's cache ident
+    of_item: list[int] = field(default_factory=list)  # each of the request's items: its distinct item
+
+    @classmethod
+    def of(cls, policy: result_cache.CachePolicy, owner: str, inputs: list[Inputs], raw: bool) -> Plan:
+        plan, seen = cls(), dict[str, int]()
+        scope = policy.scope(owner)
+        for item in inputs:
+            ident = result_cache.ident(scope, result_cache.digest(item, raw))
+            at = seen.setdefault(ident, len(plan.items))
+            if at == len(plan.items):
+                plan.items.append(item)
+                plan.idents.append(ident)
+            plan.of_item.append(at)
+        return plan
+
+    def lookup(self, job_ids: list[str], reply_to: str, read: bool = True) -> CacheLookup:
+        return CacheLookup(self.idents, job_ids, reply_to, read)
+
+
+def x_cache(states: list[str]) -> str:
+    """The X-Cache header of a request's items' states: HIT (all known), MISS (none), PARTIAL."""
+    hits = sum(state == HIT for state in states)
+    return "HIT" if hits == len(states) else "MISS" if not hits else "PARTIAL"
+
+
+async def settle(inbox: Inbox, model: str, plan: Plan, states: list[bytes], waiter: Waiter, ids: list[str],
+                 deadline: int, again: Again) -> tuple[list[Reply], list[str]]:
+    """Each of the request's items' reply and state, from the push script's word on each distinct
+    item (states): known, borrowed, or queued under ids[k] (whose replies the waiter awaits)."""
+    replies: list[Reply | None] = [None] * len(plan.items)
+    kinds = [MISS] * len(plan.items)
+    queued, unreadable, borrowed = [], [], {}
+    for k, state in enumerate(states):
+        mark = state[:1]
+        if mark == b"=":
+            known = result_cache.entry_reply(state[1:])
+            if known is None:
+                unreadable.append(k)
+                continue
+            known.queue_ms = known.infer_ms = 0.0
+            known.batch_size = 0  # no batch ran for it
+            replies[k], kinds[k] = known, HIT
+        elif mark == b"~":
+            job_id, _, job_deadline = state[1:].decode().partition(" ")
+            borrowed[k] = (job_id, int(job_deadline or 0))
+            kinds[k] = COALESCED
+        else:
+            queued.append(k)
+    inbox.forget([ids[k] for k in range(len(ids)) if k not in set(queued)])
+    waiter.narrow(len(queued))
+    lent = sorted({job_id for job_id, _ in borrowed.values()})
+    lender = inbox.borrow(model, lent) if lent else None
+    try:
+        own = inbox.collect(waiter, [ids[k] for k in queued], deadline) if queued else _none()
+        came, got = await asyncio.gather(own, _borrowed(lender, deadline, borrowed))
+    finally:
+        if lender is not None:
+            inbox.give_back(lent, lender)
+    for k, reply in zip(queued, came, strict=True):
+        replies[k] = reply
+    for k, (job_id, _) in borrowed.items():
+        replies[k] = got.get(job_id)
+    for read, todo in ((False, unreadable), (True, [k for k in borrowed if replies[k] is None])):
+        if todo:
+            left_s = (deadline - now_ms()) / 1000
+            if left_s <= 0:
+                raise Timeout("no reply before the deadline")
+            answered, answered_as = await again([plan.items[k] for k in todo], read, left_s)
+            for k, reply, kind in zip(todo, answered, answered_as, strict=True):
+                replies[k], kinds[k] = reply, kind
+    return [_answered(replies[k]) for k in plan.of_item], each_state(plan, kinds)
+
+
+def each_state(plan: Plan, kinds: list[str]) -> list[str]:
+    """Each item's state: its distinct item's, and for an identical item after it, coalesced
+    (unless known)."""
+    seen: set[int] = set()
+    out = []
+    for k in plan.of_item:
+        out.append(kinds[k] if k not in seen or kinds[k] == HIT else COALESCED)
+        seen.add(k)
+    return out
+
+
+def _answered(reply: Reply | None) -> Reply:
+    assert reply is not None  # every item is known, came, or was asked again
+    return reply
+
+
+async def _none() -> list[Reply]:
+    return []
+
+
+async def _borrowed(lender: Waiter | None, deadline: int, borrowed: dict[int, tuple[str, int]]) -> dict[str, Reply]:
+    """The borrowed jobs' replies that came before this request's deadline or theirs, by job id."""
+    if lender is None:
+        return {}
+    until = min(deadline, max(job_deadline for _, job_deadline in borrowed.values()) + GRACE_MS)
+    await asyncio.wait([lender.future], timeout=max(0.0, (until - now_ms()) / 1000))
+    failed = lender.future.exception() if lender.future.done() else None
+    if failed is not None:
+        raise failed
+    return {reply.id: reply for reply in lender.got}
