@@ -80,6 +80,10 @@ def build(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             meta[key] = json.loads(value)
         except ValueError:
             meta[key] = value  # a bare word: a string
+    if args.cache_ttl:
+        meta["cache"] = {"ttl_s": args.cache_ttl, "shared": args.cache_shared}
+    elif args.cache_shared:
+        raise SystemExit("funnel add: --cache-shared shares a cache: it needs --cache-ttl")
     return meta
 
 
@@ -100,6 +104,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model.json field for the task (a JSON value, or a string)")
     p.add_argument("--batch-size", type=int, default=16, help="the workers' default batch size")
+    p.add_argument("--cache-ttl", type=int, default=0, metavar="SECONDS",
+                   help="cache each item's result this long, keyed by version and preprocessed input "
+                        "(default: 0, no cache; docs/models.md)")
+    p.add_argument("--cache-shared", action="store_true",
+                   help="with API keys set, one cache for every key (default: each key its own)")
     p.add_argument("--description", default="", help="one line, shown by GET /v1/models and the page")
     p.add_argument("--version", type=int, default=None, metavar="N",
                    help="add it as version N (a positive integer) beside the model's other versions "
