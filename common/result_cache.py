@@ -74,11 +74,13 @@ def ident(scope: str, item_digest: str) -> str:
 
 
 def entry_reply(data: Any) -> Reply | None:
-    """A cache entry as the one item's reply it holds; None for anything else (a miss)."""
+    """A cache entry as the one item's reply it holds, as a hit answers it (no batch ran for it:
+    no batch size, queue or inference time); None for anything else (a miss)."""
     try:
         reply = decode_reply(data)
     except WireError:
         return None
     if not reply.ok or reply.items is not None or reply.outputs is None:
         return None
+    reply.batch_size, reply.queue_ms, reply.infer_ms = 0, 0.0, 0.0
     return reply

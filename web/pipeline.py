@@ -209,7 +209,8 @@ class Pipeline:
 
         Resolved and prepared as a predict; then admitted by the bulk queue's room
         (FUNNEL_MAX_BULK_QUEUE, 503) instead of the predicted wait, and created in the job
-        store instead of queued and awaited: its items are answered into the job's results.
+        store instead of queued and awaited: its items are answered into the job's results (a
+        cached model's items whose entries are there, as the job is made: common/bulk/job_store.py).
 
         With tracing on, the submit is a span (`job <name>`, a child of the origin's traceparent)
         whose context every item carries, so the worker's batch spans link to it; the job's later
@@ -231,10 +232,13 @@ class Pipeline:
             job_id = jobs.new_job_id(created)
             trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
+            scope = task.cache.scope(caller.owner) if task.cache.on else None
             payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version,
-                                               trace.traceparent)
-            trace.step("admit")
-            self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
+                                               trace.traceparent, scope)
+            payloads.known = self.jobs.known(job_id, name, version, payloads.idents) if payloads.idents else {}
+            trace.step("admit", known=len(payloads.known))
+            self.jobs.check_room(name, len(payloads.payloads) - len(payloads.known), self.settings.max_bulk_queue,
+                                 version)
             trace.step("store")
             record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
                                                 idempotency_key, version, caller=caller)
@@ -242,6 +246,9 @@ class Pipeline:
                 trace.annotate(job_id=record.id, replayed=True)
             else:
                 metrics.job_submitted(name, caller.label)
+                if payloads.idents:
+                    metrics.cached(name, version, [recall.HIT if index in payloads.known else recall.MISS
+                                                   for index in range(len(payloads.idents))])
                 log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
                          caller.label or "anyone")
             return record, replayed

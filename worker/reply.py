@@ -11,6 +11,7 @@ run of the same answer (its EXEC's answer lost).
 A job of a cached item (common/result_cache.py) names its item's ident: the reply script stores a
 success as the item's entry and hands the reply to the requests waiting on the item's pending
 marker, in the same step, so a waiting request learns the answer however many workers died first.
+A bulk item of a cached model fills its entry the same way (nobody waits on a bulk item's marker).
 
 Every key of the reply script carries the model's hash tag (the worker checks
 each job's reply_to against its model, worker/batch.py), so on Redis Cluster
@@ -118,7 +119,8 @@ class ReplyCall:
         entries: list[str] = []  # then each cached item's entry and pending marker
         parked, waiting = set(dead), dict(by_id)
         call = cls([], [replier.ttl_s, replier.cache_ttl_s * 1000], [], {})
-        item_ids = {reply.id for answered in by_job.values() for reply in answered}
+        items = {reply.id: reply for answered in by_job.values() for reply in answered}
+        item_ids = set(items)
         for raw, job_id in zip(taken, taken_ids, strict=True):
             found = waiting.pop(job_id, None)
             if found is not None and found[0] not in lists:
@@ -127,9 +129,11 @@ class ReplyCall:
             if ident:
                 entries += [replier.keys.cache(replier.model, replier.version, ident),
                             replier.keys.cache_pending(replier.model, replier.version, ident)]
-            call.args += [raw, lists.index(found[0]) + 3 if found else 0, encode_reply(found[1]) if found else b"",
-                          int(raw in parked), len(entries) - 1 if ident else 0, job_id,
-                          int(bool(found and found[1].ok and ident))]
+            # What the entry holds: the reply pushed, or a bulk item's result (stored apart, pushed to none).
+            answer = found[1] if found else items.get(job_id) if ident else None
+            call.args += [raw, lists.index(found[0]) + 3 if found else 0,
+                          encode_reply(answer) if answer else b"", int(raw in parked),
+                          len(entries) - 1 if ident else 0, job_id, int(bool(answer and answer.ok and ident))]
             call.replied.append(job_id if found or job_id in item_ids else "")
             if job_id in item_ids:
                 call.messages[job_id] = raw

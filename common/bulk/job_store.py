@@ -29,6 +29,11 @@ never existed, after the same Redis round trips (no timing tell).
 
 A job id starts with its creation time, so a job that expired (410) is told
 from one that never was (404) without a tombstone.
+
+A cached model's items (common/result_cache.py) are looked up before the job is made (`known`):
+an item whose entry is there is stored as answered with the record, counted in `done`, and never
+queued; the others carry their cache ident, so the worker that answers them fills their entries.
+A job whose every item was known is done when it is made, its webhook due at once.
 """
 
 from __future__ import annotations
@@ -37,22 +42,39 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from funnel.common import result_cache
 from funnel.common.bulk import jobs
 from funnel.common.bulk.jobs import Caller
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Job, encode_job, now_ms
+from funnel.common.contracts.wire import Job, encode_job, encode_reply, now_ms
 from funnel.common.errors import FunnelError, NotFound, NotReplicated, Overloaded
 from funnel.common.link import lua_scripts
 from funnel.common.link.connection import node_client
 
-PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction
+PUSH_CHUNK = 1000  # items per LPUSH inside the create's transaction, and entries per MGET of the cache
 ITEM_DEADLINE_MS = 365 * 86_400_000  # bulk items have no deadline of their own: the job's TTL bounds them
 RESULTS_CHUNK = 1000  # results per HMGET while streaming: a large job never sits in memory whole
 REPLICA_WAIT_MS = 1000  # how long a new job, bulk or interactive, waits for its replicas (FUNNEL_JOB_REPLICAS)
+
+
+@dataclass
+class Items:
+    """A job's items as the store writes them (JobStore.item_payloads): each one's wire Job; for a
+    cached model each one's cache ident, and those whose entries were there (JobStore.known)."""
+
+    payloads: list[bytes]
+    idents: list[str] = field(default_factory=list)
+    known: dict[int, bytes] = field(default_factory=dict)  # item index -> its result, from the cache
+
+    @property
+    def queued(self) -> list[bytes]:
+        """The items to compute: all but the known."""
+        return [payload for index, payload in enumerate(self.payloads) if index not in self.known]
 
 
 class Gone(FunnelError):
@@ -71,16 +93,36 @@ class JobStore:
     # -- create ----------------------------------------------------------------
 
     def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict],
-                      version: int = 1, trace: str = "") -> list[bytes]:
+                      version: int = 1, trace: str = "", scope: str | None = None) -> Items:
         """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
         replying into the job's results hash, carrying `trace` (the job span's traceparent, "" when
-        not traced). Encoded one by one, so only the wire bytes of every item are held, not their
-        tensors too."""
+        not traced); and, for a cached model (scope: whose entries the caller reads, else None),
+        each item's cache ident, which its job carries too. Encoded one by one, so only the wire
+        bytes of every item are held, not their tensors too."""
         results = self.keys.job_results(job_id)
-        return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, items=[item], reply_to=results,
-                               deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version,
-                               trace=trace))
-                for i, item in enumerate(inputs)]
+        payloads, idents = [], []
+        for i, item in enumerate(inputs):
+            ident = result_cache.ident(scope, result_cache.digest(item, False)) if scope is not None else ""
+            payloads.append(encode_job(Job(id=jobs.item_id(job_id, i), model=model, items=[item], reply_to=results,
+                                           deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms,
+                                           version=version, trace=trace, cache=ident)))
+            if ident:
+                idents.append(ident)
+        return Items(payloads, idents)
+
+    def known(self, job_id: str, model: str, version: int, idents: list[str]) -> dict[int, bytes]:
+        """The items whose cache entries are there (by index): each its result as the job stores
+        it, answered with no batch. An entry that does not read as a success is a miss."""
+        found: dict[int, bytes] = {}
+        for start in range(0, len(idents), PUSH_CHUNK):
+            chunk = idents[start:start + PUSH_CHUNK]
+            entries = self.client.mget([self.keys.cache(model, version, ident) for ident in chunk])
+            for index, entry in enumerate(entries, start):
+                reply = result_cache.entry_reply(entry) if entry is not None else None
+                if reply is not None:
+                    reply.id = jobs.item_id(job_id, index)
+                    found[index] = encode_reply(reply)
+        return found
 
     def check_room(self, model: str, adding: int, max_bulk_queue: int, version: int = 1) -> None:
         """Overloaded (503) when `adding` more items would make the model version's bulk queue longer
@@ -90,40 +132,48 @@ class JobStore:
             raise Overloaded(f"the {model} bulk queue holds {queued} items; {adding} more would pass "
                              f"its limit of {max_bulk_queue}; retry later", retry_after=30)
 
-    def create(self, job_id: str, model: str, created_ms: int, payloads: list[bytes], body_sha256: str,
+    def create(self, job_id: str, model: str, created_ms: int, items: Items, body_sha256: str,
                webhook: str | None = None, idempotency_key: str | None = None,
                version: int = 1, *, caller: Caller) -> tuple[jobs.Record, bool]:
         """Write the record, owned by the caller, and queue every item in one transaction: (the
         record, False). With an Idempotency-Key that a concurrent submit by the same caller used
-        first: (that job's record, True), nothing written; Conflict if that submit's body differed."""
+        first: (that job's record, True), nothing written; Conflict if that submit's body differed.
+        Items known from the cache are stored as answered with the record, the others queued."""
         ttl_ms = self.ttl_s * 1000
+        known, payloads = items.known, items.queued
+        total = len(items.payloads)
+        finished = bool(known) and not payloads  # every item known: done as it is made
         record: dict = {
-            "model": model, "version": version, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
-            "created_ms": created_ms, "finished_ms": 0, "ttl_ms": ttl_ms, "state": "active",
-            "body_sha256": body_sha256, "owner": caller.owner, "owner_label": caller.label,
-            **({"webhook_url": webhook} if webhook else {})}
+            "model": model, "version": version, "total": total, "done": len(known), "failed": 0, "duplicates": 0,
+            "created_ms": created_ms, "finished_ms": created_ms if finished else 0, "ttl_ms": ttl_ms,
+            "state": "active", "body_sha256": body_sha256, "owner": caller.owner, "owner_label": caller.label,
+            **({"webhook_url": webhook} if webhook else {}),
+            **({"webhook_state": "pending", "webhook_next_ms": created_ms} if webhook and finished else {})}
         idem = self._idempotency(model, idempotency_key, caller) if idempotency_key is not None else None
         job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
         apart = self.keys.cluster  # the record's slot is the job's, the MULTI's the model's: written first
         if apart:
-            self._write_record(self.client.pipeline(transaction=True), job, record, ttl_ms).execute()
+            self._write_record(self.client.pipeline(transaction=True), job, record, ttl_ms, known).execute()
         made = False
         with self._queueing(bulk) as queueing:
             try:
-                existing = self._queue_items(queueing, job_id, bulk, record, ttl_ms, payloads, idem, body_sha256,
-                                             caller)
+                existing = self._queue_items(queueing, job_id, bulk, record, payloads, idem, body_sha256, caller,
+                                             known)
                 if existing is not None:
                     return existing, True
                 made = True
             finally:
                 if apart and not made:  # replayed, refused or failed: no item of it was queued
-                    self._forget(job)
+                    self._forget(job, self.keys.job_results(job_id))
             if self.replicas:
                 self._replicated(job, ttl_ms, idem, queueing)
+        if finished and webhook and apart:  # the due set is in another slot than the record
+            jobs.mark_due(self.client, self.keys, [job_id])
         return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
 
-    def _queue_items(self, queueing: redis.Redis, job_id: str, bulk: str, record: dict, ttl_ms: int,
-                     payloads: list[bytes], idem: str | None, body_sha256: str, caller: Caller) -> jobs.Record | None:
+    def _queue_items(self, queueing: redis.Redis, job_id: str, bulk: str, record: dict, payloads: list[bytes],
+                     idem: str | None, body_sha256: str, caller: Caller,
+                     results: dict[int, bytes]) -> jobs.Record | None:
         """One transaction: every item queued, the Idempotency-Key set, on one Redis the record
         written too; None once it ran, or the job a concurrent submit made first with the key.
 
@@ -131,7 +181,7 @@ class JobStore:
         Redis the new record, so that a connection lost with the EXEC's answer raises WatchError:
         redis-py sends a transaction again unless it watches keys, and the items would be queued twice.
         """
-        job, apart = self.keys.job(job_id), self.keys.cluster
+        job, apart, ttl_ms = self.keys.job(job_id), self.keys.cluster, record["ttl_ms"]
         watched = [key for key in (idem, None if apart else job) if key]
         with queueing.pipeline(transaction=True) as pipe:
             while True:
@@ -144,7 +194,9 @@ class JobStore:
                             return existing
                     pipe.multi()
                     if not apart:
-                        self._write_record(pipe, job, record, ttl_ms)
+                        self._write_record(pipe, job, record, ttl_ms, results)
+                        if record.get("webhook_state") == "pending":  # done as made: its delivery due now
+                            pipe.zadd(self.keys.webhooks_due(), {job_id: record["created_ms"]})
                     for start in range(0, len(payloads), PUSH_CHUNK):
                         pipe.lpush(bulk, *payloads[start:start + PUSH_CHUNK])
                     if idem:
@@ -195,10 +247,13 @@ class JobStore:
             raise NotReplicated(f"the job was not on {self.replicas} Redis replica(s) within {REPLICA_WAIT_MS} ms, "
                                 "so it was not accepted; retry")
 
-    @staticmethod
-    def _write_record(pipe: Any, job: str, record: dict, ttl_ms: int) -> Any:
+    def _write_record(self, pipe: Any, job: str, record: dict, ttl_ms: int, results: dict[int, bytes]) -> Any:
         pipe.hset(job, mapping=record)
         pipe.pexpire(job, ttl_ms)
+        if results:  # the items known from the cache, answered as it is made
+            results_key = self.keys.job_results(self.keys.job_of(job))
+            pipe.hset(results_key, mapping=results)
+            pipe.pexpire(results_key, ttl_ms)
         return pipe
 
     def _forget(self, *keys: str) -> None:

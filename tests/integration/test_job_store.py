@@ -14,10 +14,10 @@ import redis
 
 from funnel.common import tasks
 from funnel.common.bulk import jobs
-from funnel.common.bulk.job_store import Conflict, Gone, JobStore
+from funnel.common.bulk.job_store import Conflict, Gone, Items, JobStore
 from funnel.common.bulk.job_submit import SubmitLimits
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Reply, decode_job, now_ms
+from funnel.common.contracts.wire import Reply, decode_job, decode_reply, encode_reply, now_ms
 from funnel.common.errors import BadInput, NotFound, Overloaded
 from funnel.common.link.connection import connect, scan_keys
 from funnel.common.store import load_spec
@@ -159,14 +159,14 @@ def lose_the_race(task, client, rival_client, keys) -> str:
     winner_id = jobs.new_job_id()
     payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [task.preprocess("the winner")])
     raced = Raced(client, keys, TTL_S, rival, dict(
-        job_id=winner_id, model=MODEL, created_ms=now_ms(), payloads=payloads, body_sha256="same",
+        job_id=winner_id, model=MODEL, created_ms=now_ms(), items=payloads, body_sha256="same",
         idempotency_key="race", caller=ANYONE))
     loser_id = jobs.new_job_id()
-    record, replayed = raced.create(loser_id, MODEL, now_ms(), [b"loser item"], "same", idempotency_key="race",
-                                    caller=ANYONE)
+    record, replayed = raced.create(loser_id, MODEL, now_ms(), Items([b"loser item"]), "same",
+                                    idempotency_key="race", caller=ANYONE)
     assert raced.raced and replayed and record.id == winner_id
     assert not client.exists(keys.job(loser_id)) and client.exists(keys.job(winner_id))
-    assert client.lrange(keys.bulk(MODEL), 0, -1) == payloads  # the winner's item only
+    assert client.lrange(keys.bulk(MODEL), 0, -1) == payloads.payloads  # the winner's item only
     return winner_id
 
 
@@ -290,6 +290,27 @@ def test_on_a_cluster_a_submit_writes_its_record_apart_and_one_that_loses_or_is_
     loaded, payloads_read = store.load(answers[0][0].id, ANYONE, 0, 5)  # record and results: one slot, one MULTI
     assert loaded.total == 2 and payloads_read == [None, None]
     assert store.cancel(loaded.id, ANYONE).state == "cancelled"
+
+
+def test_a_job_of_items_all_known_from_the_cache_is_done_as_made_and_its_webhook_due(
+        task, redis_client, redis_cluster):
+    """Items answered from the cache are stored with the record, never queued: a job of them alone
+    is done when it is made, and its webhook due at once (on a cluster, marked apart)."""
+    for keys, client in ((Keys(), redis_client), (Keys("funnel", cluster=True),
+                                                    connect(redis_cluster.url, socket_timeout=5))):
+        store = JobStore(client, keys, TTL_S)
+        job_id, queued = jobs.new_job_id(), client.llen(keys.bulk(MODEL))
+        known = {i: Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
+                 for i in range(2)}
+        items = store.item_payloads(job_id, MODEL, now_ms(), [task.preprocess("one"), task.preprocess("two")])
+        items.known = {i: encode_reply(reply) for i, reply in known.items()}
+        record, _ = store.create(job_id, MODEL, now_ms(), items, "sha", HOOK, caller=ANYONE)
+        assert record.state == "done" and record.done == record.total == 2 and record.finished_ms
+        assert client.llen(keys.bulk(MODEL)) == queued
+        loaded, payloads = store.load(job_id, ANYONE, 0, 2)
+        assert loaded.webhook_state == "pending" and [decode_reply(p).id for p in payloads] == [
+            jobs.item_id(job_id, 0), jobs.item_id(job_id, 1)]
+        assert client.zscore(keys.webhooks_due(), job_id) is not None
 
 
 # -- ownership: a job is its submitter's (docs/jobs.md, "Ownership") -----------------------------

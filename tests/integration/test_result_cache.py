@@ -148,3 +148,42 @@ def test_v2_parameters_say_whether_it_was_a_hit(stack):
     statuses = [http("POST", path, json_body=body, headers=ALPHA) for _ in range(2)]
     assert [s[0] for s in statuses] == [200, 200], statuses
     assert [s[1]["parameters"]["cache"] for s in statuses] == ["miss", "hit"]
+
+
+def submit_job(stack, texts: list[str], headers: dict = ALPHA) -> dict:
+    status, answer, _ = http("POST", f"{stack.url}/v1/models/{MODEL}/jobs", json_body={"texts": texts},
+                             headers=headers)
+    assert status == 202, answer
+    return answer
+
+
+def job_results(stack, job: dict, headers: dict = ALPHA) -> list[dict]:
+    def done():
+        _, body, _ = http("GET", f"{stack.url}/v1/jobs/{job['id']}?limit=100", headers=headers)
+        return body if body["state"] in ("done", "failed") else None
+    finished = wait_for(done, timeout_s=60, interval_s=0.1, what="the job to finish")
+    assert finished["state"] == "done", finished
+    return finished["results"]
+
+
+def test_bulk_jobs_read_the_cache_and_fill_it_per_key(stack):
+    known, _ = predict(stack, {"text": "bulk: known before"})
+    before, counted = settled(stack), cache_counts(stack)
+    texts = ["bulk: known before", "bulk: new one", "bulk: new two"]
+    results = job_results(stack, submit_job(stack, texts))
+    assert np.allclose(results[0]["embedding"], known["embedding"])
+    assert settled(stack) == before + 2, "the known item ran again"
+    after = cache_counts(stack)
+    assert {k: after[k] - counted[k] for k in after} == {"hit": 1, "miss": 2, "coalesced": 0}
+    # The job filled the entries of what it computed: a request, and a job, of them are hits.
+    answer, headers = predict(stack, {"text": "bulk: new two"})
+    assert headers["X-Cache"] == "HIT" and np.allclose(answer["embedding"], results[2]["embedding"])
+    again = submit_job(stack, texts)
+    assert again["state"] == "done" and again["progress"] == {"done": 3, "total": 3, "failed": 0}, again
+    assert again["finished_ms"] is not None
+    assert [r["embedding"] for r in job_results(stack, again)] == [r["embedding"] for r in results]
+    assert settled(stack) == before + 2, "a job of known items ran on a worker"
+    # Another key's job is computed (and its entries are its own).
+    results = job_results(stack, submit_job(stack, texts[:1], BETA), BETA)
+    assert settled(stack) == before + 3, "beta's job hit alpha's entry"
+    assert np.allclose(results[0]["embedding"], known["embedding"], atol=1e-5)

@@ -90,8 +90,6 @@ async def settle(inbox: Inbox, model: str, plan: Plan, states: list[bytes], wait
             if known is None:
                 unreadable.append(k)
                 continue
-            known.queue_ms = known.infer_ms = 0.0
-            known.batch_size = 0  # no batch ran for it
             replies[k], kinds[k] = known, HIT
         elif mark == b"~":
             job_id, _, job_deadline = state[1:].decode().partition(" ")

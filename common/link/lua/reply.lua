@@ -17,9 +17,9 @@
 -- ARGV[2]   the cache entries' TTL, ms
 -- ARGV[3..] septuples: a message taken (wire bytes); the index in KEYS of its reply list (0: no
 --           reply, as for an expired job or a bulk item, whose result is stored apart); its reply
---           (wire bytes, "" for none); 1 to park the message as a dead letter, else 0; the index in
---           KEYS of its item's cache entry (0: not cached); its job's id; 1 to store the reply as the
---           entry (a success), else 0
+--           (wire bytes, "" for none; a cached bulk item's result, for its entry only); 1 to park the
+--           message as a dead letter, else 0; the index in KEYS of its item's cache entry (0: not
+--           cached); its job's id; 1 to store the reply as the entry (a success), else 0
 -- Returns   for each message in turn, 1 if it was still in flight (and so answered), else 0
 local held, pushes = {}, {}
 local ttl = ARGV[1]
