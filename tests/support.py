@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import threading
@@ -197,6 +198,20 @@ def flask_app(redis_server, model_store, prefix: str, *argv: str):
 
 TEXT = "text-embedding"
 FAST_HEARTBEAT = {"FUNNEL_HEARTBEAT_TTL_S": "2"}
+
+
+def cached_store(model_store: Path, root: Path, model: str = TEXT, versions: tuple[int, ...] = (1,), **cache) -> Path:
+    """The shipped model as these versions, its files linked, its model.json caching results."""
+    store = root / "cached-store"
+    for version in versions:
+        folder = store / model / str(version)
+        folder.mkdir(parents=True)
+        for path in (model_store / model).iterdir():
+            if path.name != "model.json":
+                (folder / path.name).symlink_to(path)
+        meta = json.loads((model_store / model / "model.json").read_text())
+        (folder / "model.json").write_text(json.dumps({**meta, "cache": {"ttl_s": 600, **cache}}))
+    return store
 
 
 # tests/third_party/toyscore's PacedScore: its workers and web tier need PACED_ENV to import it.

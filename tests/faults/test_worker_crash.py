@@ -7,13 +7,16 @@ FUNNEL_TEST_HOLD (worker/hold.py) holds the first batch at the end of one
 stage until the test has signalled.
 """
 
+import json
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import redis
 
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
 from tests import toy_model
 from tests.support import (
@@ -23,7 +26,9 @@ from tests.support import (
     PACED_ENV,
     TEXT,
     assert_each_answered_once,
+    cached_store,
     freeze_holding_jobs,
+    http,
     load_running,
     paced_expected,
     send,
@@ -226,3 +231,57 @@ def test_sigterm_with_a_batch_in_every_stage_answers_all_it_took(quick_store, tm
         stray = stray_replies(client, stack)
     report(outcome, stray)
     assert_each_answered_once(outcome, len(batch), stray)
+
+
+WAITERS = 24  # requests waiting on one cached item under way
+
+
+def test_a_worker_killed_computing_an_item_others_wait_on_answers_every_one(
+        model_store, tmp_path, expected_embeddings):
+    """A cached model: one request queues a new text, its worker is held at the end of the run and
+    WAITERS - 1 more requests (some naming it twice) wait on that job; the worker is SIGKILLed, a
+    peer recovers the job, and its one answer reaches every request: all 200, the same vector,
+    one miss. The key's concurrency cap counts the requests under way: the kill comes once every
+    one has pushed."""
+    text = "one text that everybody asks for while its worker dies"
+    headers = {"Authorization": "Bearer alpha-key"}
+    with Stack(model_store=cached_store(model_store, tmp_path), models=[TEXT], workers=[], log_dir=tmp_path,
+               worker_env={**FAST_HEARTBEAT, "FUNNEL_INTRA_OP_THREADS": "1"},
+               web_env={"FUNNEL_API_KEYS": "alpha=alpha-key", "FUNNEL_REQUEST_TIMEOUT_S": "60",
+                        "FUNNEL_KEY_LIMITS": json.dumps({"alpha": {"concurrency": 4 * WAITERS}})}) as stack:
+        client = redis.Redis.from_url(stack.redis_url)
+        marker = tmp_path / "held"
+        victim = stack.start_worker(TEXT, FUNNEL_WORKER_ID="victim", FUNNEL_TEST_HOLD=f"run:1:{marker}")
+        stack.wait_ready(60, expected={TEXT: 1})
+
+        def under_way() -> int:
+            return sum(client.zcard(key) for key in client.scan_iter(Keys().pattern("running")))
+
+        def ask(twice: bool):
+            body = {"texts": [text, text]} if twice else {"text": text}
+            return http("POST", f"{stack.url}/v1/models/{TEXT}/predict", json_body=body, headers=headers)
+
+        with ThreadPoolExecutor(WAITERS) as pool:
+            first = pool.submit(ask, False)
+            wait_for(marker.exists, what="the victim held after its run", check=still_running(victim))
+            rest = [pool.submit(ask, i % 3 == 0) for i in range(WAITERS - 1)]
+            wait_for(lambda: under_way() == WAITERS, what="every request pushed and waiting")
+            assert not first.done() and not any(f.done() for f in rest)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            assert list(client.scan_iter(Keys().pattern("cache-pending"))), "the item's marker went with the worker"
+            stack.start_worker(TEXT, FUNNEL_WORKER_ID="rescuer")
+            answers = [future.result(timeout=90) for future in [first, *rest]]
+        assert [status for status, _, _ in answers] == [200] * WAITERS, [a[1] for a in answers if a[0] != 200]
+        expected = expected_embeddings([text])[text]
+        kinds, vectors = [], []
+        for _, body, _ in answers:
+            for result, meta in zip(body.get("results", [body]), body["meta"] if "results" in body else [body["meta"]]):
+                vectors.append(result["embedding"])
+                kinds.append(meta["cache"])
+        assert np.allclose(vectors, expected, atol=1e-5)
+        assert kinds.count("miss") == 1 and kinds.count("coalesced") == len(kinds) - 1, kinds
+        assert wait_for(lambda: int(worker_info(client, "rescuer").get("recovered", 0)), what="recovery") == 1
+        assert not list(client.scan_iter(Keys().pattern("cache-pending"))), "the marker outlived its answer"
+        status, body, got = ask(False)
+        assert status == 200 and got["X-Cache"] == "HIT"

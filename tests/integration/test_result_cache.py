@@ -4,9 +4,7 @@ concurrent requests for one new text computed once, a corrupt entry, a new versi
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import redis
 
 from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
-from tests.support import FAST_HEARTBEAT, http, metric, wait_for
+from tests.support import FAST_HEARTBEAT, cached_store, http, metric, wait_for
 
 MODEL = "text-embedding"
 KEYS = "alpha=alpha-key,beta=beta-key"
@@ -22,23 +20,9 @@ ALPHA = {"Authorization": "Bearer alpha-key"}
 BETA = {"Authorization": "Bearer beta-key"}
 
 
-def cached_store(model_store: Path, root: Path, versions: tuple[int, ...] = (1,), **cache) -> Path:
-    """The shipped text model as these versions, its files linked, its model.json caching."""
-    store = root / "cached-store"
-    for version in versions:
-        folder = store / MODEL / str(version)
-        folder.mkdir(parents=True)
-        for path in (model_store / MODEL).iterdir():
-            if path.name != "model.json":
-                (folder / path.name).symlink_to(path)
-        meta = json.loads((model_store / MODEL / "model.json").read_text())
-        (folder / "model.json").write_text(json.dumps({**meta, "cache": {"ttl_s": 600, **cache}}))
-    return store
-
-
 @pytest.fixture(scope="module")
 def stack(model_store, tmp_path_factory):
-    store = cached_store(model_store, tmp_path_factory.mktemp("cache"), versions=(1, 2))
+    store = cached_store(model_store, tmp_path_factory.mktemp("cache"), MODEL, versions=(1, 2))
     with Stack(model_store=store, models=[MODEL], workers=[f"{MODEL}:1", f"{MODEL}:2"],
                log_dir=tmp_path_factory.mktemp("cache-logs"),
                worker_env={"FUNNEL_INTRA_OP_THREADS": "1", **FAST_HEARTBEAT},
