@@ -8,7 +8,8 @@ the registry, the queues and the metrics already hold, read when asked:
 
 - per model version: its queue, bulk queue, in-flight jobs (its live workers'
   lists), traffic weight and live workers (device, backend, batch size, last
-  heartbeat, running totals);
+  heartbeat, running totals); with its result cache on, this host's running
+  totals of its items by outcome (hit, miss, coalesced; null where it is off);
 - per model: dead letters, and the running totals of this host's web
   processes' answers by status and their latency histogram: the page turns two
   readings into requests per second, p50 and p99, shed (503) and expired (504);
@@ -90,11 +91,14 @@ def reading(pipeline: Pipeline, caller: jobs.Caller) -> dict[str, Any]:
         for version in listed:
             mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
             lanes, bulk = queues[model, version]
+            cached = catalog.versions(model)[version].cache.on
+            answered = requests.get(model, {}).get("cache", {}).get(str(version), {})
             rows.append({"version": version, "queue": sum(lanes.values()), "lanes": lanes, "bulk": bulk,
                          "inflight": sum(inflight[w["id"]] for w in mine), "weight": weights.get(version),
-                         "workers": [worker_view(w, now) for w in mine]})
+                         "workers": [worker_view(w, now) for w in mine],
+                         "cache": answered if cached else None})
         models.append({"name": model, "dead": dead[model], "versions": rows,
-                       "requests": requests.get(model, {"status": {}, "latency": {}})})
+                       "requests": {"status": {}, "latency": {}, **requests.get(model, {})}})
     return {"time": now, "models": models, "jobs": unfinished_jobs(client, keys, caller)}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -154,20 +155,28 @@ def render(client: redis.Redis, keys: Keys, versions: dict[str, list[int]]) -> b
     return generate_latest(collectors)
 
 
-def request_totals() -> dict[str, dict[str, dict[str, float]]]:
-    """Running totals of this host's predict requests, per model: "status" (answers by HTTP status) and
-    "latency" (the latency histogram's cumulative buckets, by upper bound in seconds). Totals, not
-    rates: whoever reads them twice (the dashboard) has rates and quantiles over the time between."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+def request_totals() -> dict[str, dict[str, dict[str, Any]]]:
+    """Running totals of this host's predict requests, per model: "status" (answers by HTTP status),
+    "latency" (the latency histogram's cumulative buckets, by upper bound in seconds) and "cache"
+    (a cached model's items by version, then outcome: hit, miss, coalesced). Totals, not rates:
+    whoever reads them twice (the dashboard) has rates and quantiles over the time between."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for family in _request_collectors().collect():
         for sample in family.samples:
             model = sample.labels.get("model", "")
             if sample.name == "funnel_requests_total":
-                totals = out.setdefault(model, {"status": {}, "latency": {}})["status"]
+                totals = _totals(out, model)["status"]
                 totals[sample.labels["status"]] = totals.get(sample.labels["status"], 0) + sample.value
             elif sample.name == "funnel_request_seconds_bucket":
-                out.setdefault(model, {"status": {}, "latency": {}})["latency"][sample.labels["le"]] = sample.value
+                _totals(out, model)["latency"][sample.labels["le"]] = sample.value
+            elif sample.name == "funnel_cache_items_total":
+                outcomes = _totals(out, model)["cache"].setdefault(sample.labels["version"], {})
+                outcomes[sample.labels["outcome"]] = outcomes.get(sample.labels["outcome"], 0) + sample.value
     return out
+
+
+def _totals(out: dict[str, dict[str, dict[str, Any]]], model: str) -> dict[str, dict[str, Any]]:
+    return out.setdefault(model, {"status": {}, "latency": {}, "cache": {}})
 
 
 def _request_collectors() -> CollectorRegistry:

@@ -7,16 +7,18 @@ FUNNEL_SCREENSHOTS when it names a folder (how docs/operations.md's were taken).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from funnel.scripts.stack import Stack
 from tests.browser.test_page import CHROMIUM, FLAGS, LAPTOP, WAIT_MS, expect, sync_api
-from tests.support import http
+from tests.support import cached_store, http
 
 MODEL = "text-embedding"
 TEXTS = 4000  # a bulk job the worker takes seconds to drain: several readings see it
@@ -35,8 +37,9 @@ def stack(model_store, tmp_path_factory):
         yield running
 
 
-@pytest.fixture()
-def page(stack, tmp_path):
+@contextlib.contextmanager
+def dashboard(url: str, tmp_path: Path) -> Iterator:
+    """The dashboard open in headless Chromium; no JavaScript error on it, checked on the way out."""
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(
             str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS, viewport=LAPTOP,
@@ -45,10 +48,16 @@ def page(stack, tmp_path):
         tab.set_default_timeout(WAIT_MS)
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        tab.goto(stack.url + "/dashboard")
+        tab.goto(url + "/dashboard")
         yield tab
         browser.close()
     assert not errors, f"JavaScript errors on the dashboard: {errors}"
+
+
+@pytest.fixture()
+def page(stack, tmp_path):
+    with dashboard(stack.url, tmp_path) as tab:
+        yield tab
 
 
 def shoot(page, tmp_path: Path, name: str) -> None:
@@ -73,6 +82,9 @@ def test_worker_appears_queue_grows_and_drains_killed_worker_disappears(page, st
     page.locator("#key button").click()
     panel = page.locator(f'section.panel[data-model="{MODEL}"]')
     expect(panel.locator("[data-no-workers]")).to_be_visible()
+
+    expect(panel.locator('tr[data-version="1"]')).to_contain_text("off")  # no cache: no hit rate, no chart
+    expect(panel.locator('[data-metric="cache"]')).to_have_count(0)
 
     worker = stack.start_worker(MODEL)
     rows = panel.locator("tr[data-worker]")
@@ -126,3 +138,31 @@ def test_a_key_sees_its_own_jobs_only(stack):
     assert job["id"] in {j["id"] for j in state["jobs"]}  # an admin sees every job
     status, state, _ = http("GET", f"{stack.url}/dashboard/state", headers={"Authorization": "Bearer key-bob"})
     assert status == 200 and state["jobs"] == []  # another key: not alice's
+
+
+def test_a_cached_models_hit_rate_per_version(model_store, tmp_path):
+    """A model caching results, two versions: each version's hit rate and its hits, misses and
+    coalesced items since the web processes started, and the model's hit rate over the last
+    readings as a chart."""
+    store = cached_store(model_store, tmp_path, MODEL, versions=(1, 2))
+    with Stack(model_store=store, models=[MODEL], workers=[f"{MODEL}:1", f"{MODEL}:2"],
+               log_dir=tmp_path / "logs") as cached, dashboard(cached.url, tmp_path) as page:
+        panel = page.locator(f'section.panel[data-model="{MODEL}"]')
+        first, second = (panel.locator(f'tr[data-version="{v}"] [data-cache]') for v in (1, 2))
+        expect(first.locator('[data-metric="hit-rate"]')).to_have_text("–")
+        expect(panel.locator('[data-metric="cache"]')).to_have_text("–")
+
+        def predict(version: int, body: dict) -> None:
+            path = f"{cached.url}/v1/models/{MODEL}/versions/{version}/predict"
+            assert http("POST", path, json_body=body)[0] == 200
+
+        predict(1, {"text": "seen twice"})  # miss
+        predict(1, {"text": "seen twice"})  # hit
+        predict(1, {"texts": ["one request, twice", "one request, twice"]})  # miss, coalesced
+        predict(2, {"text": "seen twice"})  # miss: another version's entries are not its own
+        expect(first.locator('[data-metric="hit-rate"]')).to_have_text("25.0%")
+        expect(first).to_contain_text("(1 · 2 · 1)")
+        expect(second.locator('[data-metric="hit-rate"]')).to_have_text("0.0%")
+        expect(second).to_contain_text("(0 · 1 · 0)")
+        expect(panel.locator('[data-metric="cache"]')).to_have_text("20.0")  # 1 hit of 5 items, both versions
+        shoot(page, tmp_path, "dashboard-cache.png")

@@ -33,7 +33,19 @@ function figures(model) {
     answers: sum(Object.values(status)), shed: status["503"] || 0,
     expired: (status["504"] || 0) + sum(workers.map(w => w.expired)),
     latency: model.requests.latency,
+    cached: versions.some(v => v.cache), hits: sum(versions.map(v => v.cache?.hit || 0)),
+    items: sum(versions.map(v => sum(Object.values(v.cache || {})))),
   };
+}
+
+// A cached version's hit rate and its items by outcome, this host's web processes since they started.
+function cacheCell(counts) {
+  if (!counts) return el("td", {}, "off");
+  const hit = counts.hit || 0, miss = counts.miss || 0, coalesced = counts.coalesced || 0;
+  const all = hit + miss + coalesced;
+  return el("td", {"data-cache": "", title: "hits · misses · coalesced"},
+    el("span", {"data-metric": "hit-rate"}, all ? `${(100 * hit / all).toFixed(1)}%` : "–"),
+    ` (${hit} · ${miss} · ${coalesced})`);
 }
 
 // The q-quantile of the answers between two cumulative histograms, interpolated within its bucket
@@ -68,6 +80,7 @@ function series(name) {
     return {
       time: reading.time, queue: now.queue + now.bulk, inflight: now.inflight, workers: now.workers,
       rps: rate("answers"), shed: rate("shed"), expired: rate("expired"),
+      hitRate: then && now.items > then.items ? 100 * (now.hits - then.hits) / (now.items - then.items) : null,
       p50: then ? quantile(0.5, now.latency, then.latency) : null,
       p99: then ? quantile(0.99, now.latency, then.latency) : null,
     };
@@ -117,13 +130,15 @@ function panel(model) {
       chart("latency", "p50 · p99", `${milliseconds(last.p50 ?? null)} · ${milliseconds(last.p99 ?? null)}`,
             points, ["p50", "p99"], axis),
       chart("shed", "shed · expired / s", `${fixed(last.shed, 2)} · ${fixed(last.expired, 2)}`,
-            points, ["shed", "expired"], axis)),
+            points, ["shed", "expired"], axis),
+      readings[readings.length - 1]?.models[model.name]?.cached
+        ? chart("cache", "cache hits %", fixed(last.hitRate), points, ["hitRate"], axis) : null),
     el("table", {class: "versions"},
-      el("thead", {}, el("tr", {}, ...["version", "queue", "bulk", "in flight", "weight", "workers"]
-        .map(h => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, ...["version", "queue", "bulk", "in flight", "weight", "workers",
+                                       "cache hit rate (hits · misses · coalesced)"].map(h => el("th", {}, h)))),
       el("tbody", {}, ...versions.map(v => el("tr", {"data-version": String(v.version)},
         ...[v.version, v.queue, v.bulk, v.inflight, v.weight ?? "–", v.workers.length]
-          .map(x => el("td", {}, String(x))))))),
+          .map(x => el("td", {}, String(x))), cacheCell(v.cache))))),
     el("p", {class: "muted"}, `dead letters: ${model.dead}`),
     workers.length ? el("table", {class: "workers"},
       el("thead", {}, el("tr", {}, ...["worker", "version", "device", "backend", "batch", "heartbeat",
