@@ -5,6 +5,7 @@ under way)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -39,10 +40,8 @@ class PushCall:
     def keys(self, keys: Keys) -> list[str]:
         """KEYS: the version's three lanes, the caller's bucket and requests under way, the workers'
         in-flight lists; each cached item's entry and pending marker."""
-        model = self.model
-        return [*(keys.queue(model, self.version, lane) for lane in priority.LANES), keys.limit(model, self.owner),
-                keys.running(model, self.owner), *(keys.inflight(model, worker) for worker in self.inflight),
-                *(self.cache.keys(keys, model, self.version) if self.cache else ())]
+        fixed = _fixed_keys(keys, self.model, self.version, self.owner, tuple(self.inflight))
+        return [*fixed, *self.cache.keys(keys, self.model, self.version)] if self.cache else list(fixed)
 
     def args(self) -> list:
         """ARGV, in the order of push.lua's header."""
@@ -54,6 +53,14 @@ class PushCall:
                 priority.LANES.index(self.lane) + 1, len(self.jobs) if self.items is None else self.items,
                 repr(self.per_job), len(tuple(self.inflight)), cache.mode if cache else 0,
                 cache.reply_to if cache else "", *jobs]
+
+
+@functools.lru_cache(maxsize=1024)
+def _fixed_keys(keys: Keys, model: str, version: int, owner: str, inflight: tuple[str, ...]) -> tuple[str, ...]:
+    """push.lua's KEYS before the cached items': the same for every request of one version, caller
+    and set of live workers, so made (and their names checked) once."""
+    return (*(keys.queue(model, version, lane) for lane in priority.LANES), keys.limit(model, owner),
+            keys.running(model, owner), *(keys.inflight(model, worker) for worker in inflight))
 
 
 @dataclass(frozen=True)

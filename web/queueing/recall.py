@@ -97,20 +97,13 @@ async def settle(inbox: Inbox, model: str, plan: Plan, states: list[bytes], wait
             kinds[k] = COALESCED
         else:
             queued.append(k)
-    inbox.forget([ids[k] for k in range(len(ids)) if k not in set(queued)])
-    waiter.narrow(len(queued))
-    lent = sorted({job_id for job_id, _ in borrowed.values()})
-    lender = inbox.borrow(model, lent) if lent else None
-    try:
-        own = inbox.collect(waiter, [ids[k] for k in queued], deadline) if queued else _none()
-        came, got = await asyncio.gather(own, _borrowed(lender, deadline, borrowed))
-    finally:
-        if lender is not None:
-            inbox.give_back(lent, lender)
-    for k, reply in zip(queued, came, strict=True):
-        replies[k] = reply
-    for k, (job_id, _) in borrowed.items():
-        replies[k] = got.get(job_id)
+    if queued or borrowed:  # else every item was known: nothing to wait for
+        waiter.narrow(len(queued))  # the others' ids, never queued, are forgotten with the request's
+        came, got = await _awaited(inbox, model, waiter, [ids[k] for k in queued], deadline, borrowed)
+        for k, reply in zip(queued, came, strict=True):
+            replies[k] = reply
+        for k, (job_id, _) in borrowed.items():
+            replies[k] = got.get(job_id)
     for read, todo in ((False, unreadable), (True, [k for k in borrowed if replies[k] is None])):
         if todo:
             left_s = (deadline - now_ms()) / 1000
@@ -138,14 +131,25 @@ def _answered(reply: Reply | None) -> Reply:
     return reply
 
 
-async def _none() -> list[Reply]:
-    return []
+async def _awaited(inbox: Inbox, model: str, waiter: Waiter, queued: list[str], deadline: int,
+                   borrowed: dict[int, tuple[str, int]]) -> tuple[list[Reply], dict[str, Reply]]:
+    """The replies of the jobs this request queued (in order), and of those it borrowed (by job
+    id), each awaited alone where the other is none."""
+    if not borrowed:
+        return await inbox.collect(waiter, queued, deadline), {}
+    lent = sorted({job_id for job_id, _ in borrowed.values()})
+    lender = inbox.borrow(model, lent)
+    try:
+        if not queued:
+            return [], await _borrowed(lender, deadline, borrowed)
+        came, got = await asyncio.gather(inbox.collect(waiter, queued, deadline), _borrowed(lender, deadline, borrowed))
+        return came, got
+    finally:
+        inbox.give_back(lent, lender)
 
 
-async def _borrowed(lender: Waiter | None, deadline: int, borrowed: dict[int, tuple[str, int]]) -> dict[str, Reply]:
+async def _borrowed(lender: Waiter, deadline: int, borrowed: dict[int, tuple[str, int]]) -> dict[str, Reply]:
     """The borrowed jobs' replies that came before this request's deadline or theirs, by job id."""
-    if lender is None:
-        return {}
     until = min(deadline, max(job_deadline for _, job_deadline in borrowed.values()) + GRACE_MS)
     await asyncio.wait([lender.future], timeout=max(0.0, (until - now_ms()) / 1000))
     failed = lender.future.exception() if lender.future.done() else None
