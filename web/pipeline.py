@@ -315,7 +315,7 @@ class Pipeline:
                                cache=plan.idents[k] if plan else ""))
                 for k, (job_id, part) in enumerate(zip(ids, parts))]
         calibration = self.calibration.factor(model)
-        limit = self.admission.limit(origin.label, bool(origin.owner))
+        limit = None if cache.again else self.admission.limit(origin.label, bool(origin.owner))
         owner = origin.owner if limit else push_script.UNLIMITED
         estimate = capacity.script_args(calibration) if self.settings.shed and capacity.known else None
         push = push_script.PushCall(model=model, version=version, lane=lane, jobs=jobs,
@@ -340,7 +340,7 @@ class Pipeline:
             if plan:
                 async def again(items: list[Inputs], read: bool, left_s: float) -> tuple[list[Reply], list[str]]:
                     return await self.run(model, version, items, left_s, raw, origin, lane, trace,
-                                          recall.Ask(cache.policy, read))
+                                          recall.Ask(cache.policy, read, again=True))
 
                 replies, states = await recall.settle(self.inbox, model, plan, answer[3], waiter, ids, deadline, again)
             else:

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+import hiredis
 import redis
 
 
@@ -53,8 +54,17 @@ def _send(connection, commands: list[tuple]):
     # connect() itself, not send's implicit reconnect: through Sentinel only connect() asks where
     # the primary is now; a no-op while connected.
     connection.connect()
-    connection.send_packed_command(connection.pack_commands(commands))
+    connection.send_packed_command(_packed(connection, commands))
     return connection
+
+
+def _packed(connection, commands: list[tuple]) -> list[bytes]:
+    """The commands in Redis's protocol, by hiredis's packer itself: redis-py's wrapper walks every
+    argument in Python first (a push's 35 arguments: 11.6 µs against 4.5)."""
+    try:
+        return [b"".join([hiredis.pack_command(command) for command in commands])]
+    except TypeError:  # an argument hiredis does not take (a memoryview): redis-py's way, and its errors
+        return connection.pack_commands(commands)
 
 
 def _read(connection, count: int) -> list[Any]:

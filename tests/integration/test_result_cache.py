@@ -4,6 +4,7 @@ concurrent requests for one new text computed once, a corrupt entry, a new versi
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,9 +16,10 @@ from funnel.scripts.stack import Stack
 from tests.support import FAST_HEARTBEAT, cached_store, http, metric, wait_for
 
 MODEL = "text-embedding"
-KEYS = "alpha=alpha-key,beta=beta-key"
+KEYS = "alpha=alpha-key,beta=beta-key,solo=solo-key"
 ALPHA = {"Authorization": "Bearer alpha-key"}
 BETA = {"Authorization": "Bearer beta-key"}
+SOLO = {"Authorization": "Bearer solo-key"}  # one request under way at a time, one a second
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,9 @@ def stack(model_store, tmp_path_factory):
     with Stack(model_store=store, models=[MODEL], workers=[f"{MODEL}:1", f"{MODEL}:2"],
                log_dir=tmp_path_factory.mktemp("cache-logs"),
                worker_env={"FUNNEL_INTRA_OP_THREADS": "1", **FAST_HEARTBEAT},
-               web_env={"FUNNEL_API_KEYS": KEYS, "FUNNEL_REQUEST_TIMEOUT_S": "30"}) as running:
+               web_env={"FUNNEL_API_KEYS": KEYS, "FUNNEL_REQUEST_TIMEOUT_S": "30",
+                        "FUNNEL_KEY_LIMITS": json.dumps({"solo": {"concurrency": 1, "rate": 1, "burst": 2}})}
+               ) as running:
         yield running
 
 
@@ -171,3 +175,16 @@ def test_bulk_jobs_read_the_cache_and_fill_it_per_key(stack):
     results = job_results(stack, submit_job(stack, texts[:1], BETA), BETA)
     assert settled(stack) == before + 3, "beta's job hit alpha's entry"
     assert np.allclose(results[0]["embedding"], known["embedding"], atol=1e-5)
+
+
+def test_asking_again_for_an_unreadable_entry_charges_the_key_nothing_more(stack):
+    """A request computes again an item whose entry is unreadable (a second push of its own): its
+    key, at one request under way and two at once, is neither past its cap nor its rate for it."""
+    client = redis.Redis.from_url(stack.redis_url)
+    before = set(entry_keys(stack))
+    predict(stack, {"text": "solo's text"}, SOLO)
+    for key in set(entry_keys(stack)) - before:
+        if client.get(key) is not None:
+            client.set(key, b"not an entry", keepttl=True)
+    answer, headers = predict(stack, {"text": "solo's text"}, SOLO)
+    assert headers["X-Cache"] == "MISS" and len(answer["embedding"]) == 384

@@ -9,7 +9,8 @@ marked as under way. Identical items of one request are one job.
 A borrowed job is waited for until this request's deadline or that job's, whichever is first (a
 job past its deadline is dropped unrun); an item whose borrowed job went unanswered by then, or
 whose entry would not decode, is asked again (`again`): by then it is known, under way once more, or
-queued by this request. A job whose client leaves is still run: others may be waiting on it, and
+queued by this request. Asking again charges the API key's rate and cap nothing more: the request
+was admitted once. A job whose client leaves is still run: others may be waiting on it, and
 its answer fills the cache.
 """
 
@@ -36,10 +37,12 @@ Again = Callable[[list[Inputs], bool, float], Awaitable[tuple[list[Reply], list[
 
 @dataclass(frozen=True)
 class Ask:
-    """How a request asks the cache: its model's policy, and whether to read the entries."""
+    """How a request asks the cache: its model's policy, whether to read the entries, and whether
+    it asks again (admitted and charged to its API key's limits by its first push: not again)."""
 
     policy: result_cache.CachePolicy = result_cache.CachePolicy()
     read: bool = True  # False: they were found unreadable, and the items are computed again
+    again: bool = False
 
 
 OFF = Ask()
