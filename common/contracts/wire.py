@@ -124,12 +124,19 @@ def _unpack(data: Any) -> dict:
     return obj
 
 
+_MISSING = object()
+
+
 def _field(obj: dict, name: str, kinds: type | tuple, optional: bool = False) -> Any:
-    if name not in obj:
+    value = obj.get(name, _MISSING)
+    # The exact type first: what msgpack gives, and never a bool where an int is asked (every
+    # message's every field passes here).
+    if type(value) is kinds or (type(kinds) is tuple and type(value) in kinds):
+        return value
+    if value is _MISSING:
         if optional:
             return None
         raise WireError(f"missing field {name!r}")
-    value = obj[name]
     if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
         raise WireError(f"field {name!r} has the wrong type")
     if not isinstance(value, kinds):

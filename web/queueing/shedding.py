@@ -36,6 +36,7 @@ request admitted on it is answered 503 when the grace ends without a worker
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -106,8 +107,13 @@ class Capacity:
 
     def script_args(self, calibration: float = 1.0) -> list[str]:
         """The estimate's parameters for the push script (which computes wait_s in Lua)."""
-        return [repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size, SAFETY * calibration,
-                                  OVERHEAD_S)]
+        return [*self._measured, repr(SAFETY * calibration), self._overhead]
+
+    @functools.cached_property
+    def _measured(self) -> tuple[str, ...]:  # written out once a registry reading: every push sends them
+        return tuple(repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size))
+
+    _overhead = repr(OVERHEAD_S)
 
 
 def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Capacity:
