@@ -129,6 +129,14 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
     return rows
 
 
+def hit_against_miss(runs: dict[str, list[dict]]) -> str:
+    """A hit's web + Redis CPU against a miss's (100% hits against 0%), paired by round."""
+    ratios = [(hit["web_ms"] + hit["redis_ms"]) / (miss["web_ms"] + miss["redis_ms"])
+              for hit, miss in zip(runs["on, 100% hits"], runs["on, 0% hits"])]
+    return (f"A hit's web + Redis CPU against a miss's, paired by round: {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}–{max(ratios):.2f}].")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cache", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -160,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
               f"Command: `python -m benchmarks.cache {' '.join(argv or sys.argv[1:])}` (wrk -t1 -c{args.clients} "
               f"-d{args.duration}s, one sentence per POST; medians over {args.rounds} interleaved rounds, the "
               f"order rotating; CPU ms per item from /proc)\n\n" + "\n".join(table(runs)) + "\n\n"
+              f"{hit_against_miss(runs)}\n\n"
               f"A hit, one client at a time ({single['requests']} requests): p50 {single['p50']:.2f} ms, "
               f"p99 {single['p99']:.2f} ms.\n")
     save("cache", report)

@@ -153,13 +153,16 @@ def _call(client: Client, text: str) -> Request:
     return Request(text, started, time.monotonic(), status, body.get("embedding"))
 
 
-def _load(url: str, client: int, until: Callable[[], bool], out: list[Request], patient: bool = False) -> None:
+def _load(url: str, client: int, until: Callable[[], bool], out: list[Request], patient: bool = False,
+          shared: int = 0) -> None:
     """Sentences one after another: sent at once after any answer, or, `patient`, through the
-    Python client with its default retries."""
+    Python client with its default retries; each client's own, or (shared) every other one of that
+    many that every client sends in turn."""
     n = 0
     caller = Client(url.split("/v1/")[0], timeout=REQUEST_TIMEOUT_S + CLIENT_MARGIN_S) if patient else None
     while not until():
-        text = f"{'patient ' if patient else ''}client {client} sentence {n}: a fox jumps over {n % 7} lazy dogs"
+        text = (f"shared sentence {(n + client) % shared}: a fox jumps over lazy dogs" if shared and n % 2 == 0 else
+                f"{'patient ' if patient else ''}client {client} sentence {n}: a fox jumps over {n % 7} lazy dogs")
         out.append(_call(caller, text) if caller else _send(url, text))
         n += 1
 
@@ -174,20 +177,23 @@ def _unclaimed(url: str) -> int:
 
 
 def run(model_store: str | Path, log_dir: Path, clients: int = 8, before: int = 40, after_s: float = 12.0,
-        sentinels: LocalSentinels | None = None, down_after_ms: int = 1000, patient: int = 2) -> Round:
+        sentinels: LocalSentinels | None = None, down_after_ms: int = 1000, patient: int = 2,
+        shared: int = 0) -> Round:
     """One round: a stack on a Sentinel deployment (`sentinels`, started; else a fresh one whose
-    Sentinels take a primary silent for down_after_ms as down), load, the kill, the figures."""
+    Sentinels take a primary silent for down_after_ms as down), load, the kill, the figures.
+    shared: every other sentence is one of that many the clients send between them (for a cached
+    model: hits, and identical items in flight at once; the others misses), else each its own."""
     folder = Path(tempfile.mkdtemp(prefix="funnel-ledger-"))
     try:
         fresh = contextlib.nullcontext(sentinels) if sentinels else LocalSentinels(down_after_ms=down_after_ms)
         with fresh as deployment:
-            return _run(deployment, model_store, log_dir, clients, before, after_s, folder, patient)
+            return _run(deployment, model_store, log_dir, clients, before, after_s, folder, patient, shared)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(sentinels: LocalSentinels, model_store: str | Path, log_dir: Path, clients: int, before: int,
-         after_s: float, folder: Path, patient: int) -> Round:
+         after_s: float, folder: Path, patient: int, shared: int) -> Round:
     env = ledger.environment(folder)
     web_env = {**env, "FUNNEL_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
     with Stack(redis_url=sentinels.url, model_store=model_store, models=[MODEL], log_dir=log_dir,
@@ -201,8 +207,9 @@ def _run(sentinels: LocalSentinels, model_store: str | Path, log_dir: Path, clie
         def stopping() -> bool:
             return time.monotonic() > stop_at[0]
 
-        threads = [threading.Thread(target=_load, args=(predict, i, stopping, requests)) for i in range(clients)]
-        threads += [threading.Thread(target=_load, args=(predict, i, stopping, patient_requests, True))
+        threads = [threading.Thread(target=_load, args=(predict, i, stopping, requests, False, shared))
+                   for i in range(clients)]
+        threads += [threading.Thread(target=_load, args=(predict, i, stopping, patient_requests, True, shared))
                     for i in range(patient)]
         for thread in threads:
             thread.start()

@@ -5,7 +5,7 @@ the figures printed here (pytest -s) are the ones docs/redis.md quotes.
 """
 
 from benchmarks import failover
-from tests.support import Outcome
+from tests.support import Outcome, cached_store
 
 CLIENTS, PATIENT = 6, 2  # clients that resend at once; clients through funnel_client, which waits as told
 AFTER_S = 12.0
@@ -22,7 +22,16 @@ def test_primary_killed_under_load(model_store, tmp_path, sentinels, expected_em
         outcome.add(r.status, r.seconds)
     outcome.wrong = round_.wrong
     report(outcome, len(round_.answered_twice))
+    followed(round_)
+    # Asynchronous replication may lose the jobs pushed in the last instant before the kill, at most
+    # the one each client had in flight; none may be answered twice.
+    assert len(round_.queued) >= sum(r.status == 200 for r in round_.requests + round_.patient)
+    assert len(round_.lost) <= CLIENTS + PATIENT, round_.lost
+    assert not round_.answered_twice, round_.answered_twice
 
+
+def followed(round_: failover.Round) -> None:
+    """What every failover round holds to: answers in time, right, and service back soon."""
     # No request hangs: each got 200, 503 or 504 within its deadline (10 s) and a little more.
     assert set(round_.statuses) <= {200, 503, 504}, round_.statuses
     assert round_.slowest_s < failover.REQUEST_TIMEOUT_S + 2, round_.slowest_s
@@ -36,8 +45,23 @@ def test_primary_killed_under_load(model_store, tmp_path, sentinels, expected_em
     # The Python client retries a 503 after its Retry-After; its calls too end, each with an answer.
     assert round_.patient and set(round_.patient_statuses) <= {200, 503}, round_.patient_statuses
     assert round_.patient_slowest_s < failover.REQUEST_TIMEOUT_S, round_.patient_slowest_s
-    # Asynchronous replication may lose the jobs pushed in the last instant before the kill, at most
-    # the one each client had in flight; none may be answered twice.
-    assert len(round_.queued) >= sum(r.status == 200 for r in round_.requests + round_.patient)
-    assert len(round_.lost) <= CLIENTS + PATIENT, round_.lost
+
+
+SHARED = 20  # sentences the clients share with the cache on, every other one: hits and identical items in flight
+
+
+def test_primary_killed_under_load_with_the_result_cache(model_store, tmp_path, sentinels, expected_embeddings):
+    """The cache's failover row: entries and pending markers lost with the old primary are misses,
+    a request waiting on another's job whose marker was lost asks again by that job's deadline;
+    every other sentence is one of 20 the clients share, the others new, so hits, misses and
+    coalesced items run through the kill. Every
+    answer is 200, 503 or 504 in time and right, service comes back, and nothing is answered twice."""
+    store = cached_store(model_store, tmp_path)
+    round_ = failover.run(store, tmp_path, clients=CLIENTS, before=30, after_s=AFTER_S, sentinels=sentinels,
+                          patient=PATIENT, shared=SHARED)
+    failover.check_answers(round_, expected_embeddings)
+    print(f"\nSentinel failover, cache on: {failover.summary(round_)}")
+    followed(round_)
+    # Hits queue no job: fewer jobs than answers; none answered twice.
+    assert len(round_.queued) < sum(r.status == 200 for r in round_.requests), "the cache answered nothing"
     assert not round_.answered_twice, round_.answered_twice
