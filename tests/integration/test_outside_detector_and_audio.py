@@ -180,6 +180,16 @@ def test_levels_of_clips_batched_in_one_request_are_each_clip_s_own(stack, local
         same_levels(answer, local["levels"](data))
 
 
+def test_a_bulk_job_of_files_keeps_each_clip_s_context(stack, local):
+    with Client(stack.url) as client:
+        job = client.submit_job(LEVELS, files=WAVS + [SILENT])
+        assert client.wait(job["id"], timeout=60)["state"] == "done"
+        results = list(client.results(job["id"]))
+    for answer, data in zip(results, WAVS):
+        same_levels(answer, local["levels"](data))
+    assert "the clip is silent" in results[-1]["error"]["message"]  # its own item's error alone
+
+
 def test_v2_takes_files_as_a_bytes_input_and_answers_the_raw_levels(stack, local):
     import tritonclient.http as httpclient
 
