@@ -16,6 +16,7 @@ batched, through /v1 (the Python client, the CLI) and /v2 (tritonclient: the raw
 
 from __future__ import annotations
 
+import importlib
 import io
 import subprocess
 import sys
@@ -32,9 +33,6 @@ from tests import outside_models, toy_model
 from tests.support import ROOT, http
 
 DETECT, LEVELS = "toy-detect", "clip-levels"
-sys.path.insert(0, str(toy_model.PACKAGE_DIR))  # the user's packages, to run in-process as they would
-from toyaudio.audio import levels  # noqa: E402
-from toydetect.detect import detect, letterbox  # noqa: E402
 
 SHAPES = [(100, 48), (40, 120), (64, 64), (200, 30), (33, 77)]  # width, height
 CLIPS = [(8_000, 2, 1, 900), (11_025, 2, 2, 4_000), (16_000, 2, 1, 16_000), (22_050, 1, 1, 3_333),
@@ -96,13 +94,18 @@ def stack(tmp_path_factory, graphs):
 
 @pytest.fixture(scope="module")
 def local(graphs, stack):
-    """The packages' own functions on onnxruntime sessions of the same graphs: no Funnel."""
+    """The packages' own functions on onnxruntime sessions of the same graphs: no Funnel (the packages
+    imported as their user would, with their folder on the path)."""
     import onnxruntime as ort
 
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(toy_model.PACKAGE_DIR))
+        detect = importlib.import_module("toydetect.detect")
+        audio = importlib.import_module("toyaudio.audio")
     detector = ort.InferenceSession(str(graphs / "detect.onnx"), providers=["CPUExecutionProvider"])
-    audio = ort.InferenceSession(str(graphs / "levels.onnx"), providers=["CPUExecutionProvider"])
-    return {"detect": lambda data: detect(detector, data, outside_models.SIZE, outside_models.DETECT_LABELS),
-            "levels": lambda data: levels(audio, data), "detector": detector, "audio": audio}
+    levels = ort.InferenceSession(str(graphs / "levels.onnx"), providers=["CPUExecutionProvider"])
+    return {"detect": lambda data: detect.detect(detector, data, outside_models.SIZE, outside_models.DETECT_LABELS),
+            "levels": lambda data: audio.levels(levels, data), "detector": detector, "letterbox": detect.letterbox}
 
 
 def same_detections(got: list[dict], want: list[dict]) -> None:
@@ -156,7 +159,7 @@ def test_v2_answers_the_raw_rows_unchanged(stack, local):
         rows = triton.infer(DETECT, [given]).as_numpy("output0")
         metadata = triton.get_model_metadata(DETECT)
     for row, data in zip(rows, IMAGES):
-        pixels, _, _ = letterbox(Image.open(io.BytesIO(data)).convert("RGB"), outside_models.SIZE)
+        pixels, _, _ = local["letterbox"](Image.open(io.BytesIO(data)).convert("RGB"), outside_models.SIZE)
         (want,) = local["detector"].run(["output0"], {"images": pixels[None]})
         np.testing.assert_allclose(row, want[0], atol=1e-5)
     assert [o["name"] for o in metadata["outputs"]] == ["output0"]
