@@ -59,6 +59,7 @@ def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
     lengths = registry.version_queue_lengths(pipeline.client, pipeline.keys, {name: versions})[name]
     mine = [w for w in workers if w.get("model") == name]
     return {**openai_model(task), **task.spec.public(), "input_kind": task.input_kind, "limits": task.limits,
+            **({"content_types": list(task.content_types)} if task.input_kind == "file" else {}),
             **task.public(), "queue": sum(lengths.values()), "workers": mine,
             "traffic": {str(v): weight for v, weight in sorted(weights.items())} or None,
             "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v),
@@ -88,7 +89,8 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     @app.get("/")
     def index():
         return render_template("index.html", models=[
-            {**task.spec.public(), "input_kind": task.input_kind} for task in pipeline.catalog.tasks()])
+            {**task.spec.public(), "input_kind": task.input_kind, "content_types": task.content_types}
+            for task in pipeline.catalog.tasks()])
 
     install_operations(app, pipeline)
     install_traffic(app, pipeline, settings)

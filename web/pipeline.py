@@ -5,7 +5,8 @@
     1 resolve    the served model's task, by name (404 before a name can become a key), and its
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
-    3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
+    3 prepare    each item preprocessed, or checked when the client sent the model's own tensors;
+                 what preprocess learned of it (its context) checked to travel beside it
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
                  the key's highest (queueing/admission.py decides who is served, and in which lane)
@@ -44,11 +45,21 @@ from funnel.common.bulk import job_submit, jobs
 from funnel.common.bulk.job_store import JobStore
 from funnel.common.contracts import priority
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Job, Reply, encode_job, now_ms
-from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, NotReplicated, NoWorker, queue_unavailable
+from funnel.common.contracts.wire import CONTEXT_FORMAT, Job, Reply, WireError, check_context, encode_job, now_ms
+from funnel.common.errors import (
+    REPLY_STATUS,
+    FunnelError,
+    NotFound,
+    NotReplicated,
+    NoWorker,
+    Unavailable,
+    queue_unavailable,
+)
 from funnel.common.link import lua_scripts
 from funnel.common.observability import tracing
+from funnel.common.tasks import Context as ItemContext
 from funnel.common.tasks import Inputs, Task
+from funnel.common.tasks.base import split
 from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
 from funnel.web.queueing import push_script
@@ -190,11 +201,12 @@ class Pipeline:
             trace.step("parse", model=name, model_version=task.spec.version)
             work = parser.parse(task, request)
             trace.step("prepare")
-            prepared = list(self.prepare(task, work.items, work.ready))
+            prepared, contexts = arrays_and_contexts(self.prepare(task, work.items, work.ready))
             trace.step("admit", items=len(prepared))
             lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
                                        task.spec.version)
-            replies = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane, trace)
+            replies = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane, trace,
+                                     contexts)
             trace.step("render")
             return render(task, work, Served(replies, prepared, lane))
 
@@ -260,14 +272,22 @@ class Pipeline:
                            code="unknown_version")
         return task
 
-    def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[Inputs]:
-        """Each item's tensors in turn, as the worker takes them; a bad item fails the request,
-        named by its index."""
+    def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[tuple[Inputs, ItemContext | None]]:
+        """Each item's tensors and context in turn, as the worker takes them; a bad item fails the
+        request, named by its index (a context the wire cannot carry is the task's fault: a 500)."""
         for i, item in enumerate(items):
             try:
                 if ready:
                     task.check(item)
-                yield item if ready else task.preprocess(item)
+                    yield item, None
+                    continue
+                inputs, context = split(task.preprocess(item))
+                if context is not None:
+                    try:
+                        check_context(context)
+                    except WireError as exc:
+                        raise FunnelError(f"{task.spec.task}: {exc}", code="bad_context", status=500) from None
+                yield inputs, context
             except FunnelError as exc:
                 if len(items) > 1:
                     exc.message = f"item {i}: {exc.message}"
@@ -278,7 +298,8 @@ class Pipeline:
 
     async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
                   raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
-                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE) -> list[Reply]:
+                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE,
+                  contexts: list[ItemContext | None] | None = None) -> list[Reply]:
         """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
         version's queue in the lane, and a reply per input in input order; a failed reply raised.
 
@@ -286,18 +307,26 @@ class Pipeline:
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
         when the predicted wait is past timeout_s; 504 at the deadline. A client that
         leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
-        The request's trace marks the steps from enqueue on; its jobs carry its context.
+        The request's trace marks the steps from enqueue on; its jobs carry its trace context, and
+        each item its own context (contexts, aligned with inputs; None: no item has one).
         """
         capacity = self.admission.capacity(model, version)
+        if contexts is not None and raw:
+            contexts = None  # raw rows are answered as the model gave them: no postprocess reads them
+        if contexts is not None and capacity.workers and capacity.job_format < CONTEXT_FORMAT:
+            raise Unavailable(f"a worker of {model} version {version} is of a release that drops item contexts; "
+                              "upgrade it", code="no_worker")
         deadline = now_ms() + int(timeout_s * 1000)
         size = job_size(capacity, len(inputs))
-        parts = [inputs[start:start + size] for start in range(0, len(inputs), size)]
+        starts = range(0, len(inputs), size)
+        parts = [inputs[start:start + size] for start in starts]
         ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
                                deadline=deadline, raw=raw, version=version, trace=trace.traceparent,
-                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane))
-                for job_id, part in zip(ids, parts)]
+                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane,
+                               contexts=None if contexts is None else contexts[start:start + size]))
+                for job_id, part, start in zip(ids, parts, starts)]
         calibration = self.calibration.factor(model)
         limit = self.admission.limit(origin.label, bool(origin.owner))
         owner = origin.owner if limit else push_script.UNLIMITED
@@ -361,6 +390,14 @@ class Pipeline:
         self._unawaited.discard(sent)
         if not sent.cancelled() and sent.exception() is not None:
             log.warning("could not mark a finished request in redis: %s", sent.exception())
+
+
+def arrays_and_contexts(prepared: Iterator[tuple[Inputs, ItemContext | None]]
+                        ) -> tuple[list[Inputs], list[ItemContext | None] | None]:
+    """Prepared items as their arrays, and their contexts (None when no item has one: its jobs are as before)."""
+    pairs = list(prepared)
+    contexts = [context for _, context in pairs]
+    return [inputs for inputs, _ in pairs], contexts if any(c is not None for c in contexts) else None
 
 
 def job_size(capacity: Capacity, n: int) -> int:

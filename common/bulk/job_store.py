@@ -70,17 +70,17 @@ class JobStore:
 
     # -- create ----------------------------------------------------------------
 
-    def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict],
-                      version: int = 1, trace: str = "") -> list[bytes]:
-        """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
-        replying into the job's results hash, carrying `trace` (the job span's traceparent, "" when
-        not traced). Encoded one by one, so only the wire bytes of every item are held, not their
-        tensors too."""
+    def item_payloads(self, job_id: str, model: str, created_ms: int,
+                      prepared: Iterable[tuple[dict, dict | None]], version: int = 1, trace: str = "") -> list[bytes]:
+        """Each item (its arrays and context) as the wire Job a worker takes from the bulk queue: id
+        `<job id>-<index>`, replying into the job's results hash, carrying `trace` (the job span's
+        traceparent, "" when not traced). Encoded one by one, so only the wire bytes of every item are
+        held, not their tensors too."""
         results = self.keys.job_results(job_id)
         return [encode_job(Job(id=jobs.item_id(job_id, i), model=model, items=[item], reply_to=results,
                                deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms, version=version,
-                               trace=trace))
-                for i, item in enumerate(inputs)]
+                               trace=trace, contexts=None if context is None else [context]))
+                for i, (item, context) in enumerate(prepared)]
 
     def check_room(self, model: str, adding: int, max_bulk_queue: int, version: int = 1) -> None:
         """Overloaded (503) when `adding` more items would make the model version's bulk queue longer
