@@ -176,12 +176,19 @@ class Residency:
             else:
                 model.state, model.error = "failed", error
                 model.retry_at = time.monotonic() + self.limits.retry_s
-            self._loading = None
         try:
             self._loaded()
             self._hold_claim(model, CLAIM_KEPT_S)
         except redis.RedisError as exc:  # the claim lapses by itself; the next beat publishes the state
             log.warning("after loading %s: %s", model.spec.name, exc)
+        finally:
+            self._loading = None
+
+    @property
+    def loading(self) -> str | None:
+        """The member whose load is under way (until its state is published), else None."""
+        loading = self._loading
+        return None if loading is None else loading.member
 
     def _hold_claim(self, model: Model, ttl_s: float) -> bool:
         key = self.keys.loading(model.spec.name, model.spec.version)
