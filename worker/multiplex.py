@@ -13,7 +13,9 @@ taker reads every served model's queue lengths in one round trip, then:
   one-model worker's does, and drops what is past its deadline;
 - asks for a cold model with work to be loaded (worker/residency.py), its
   work of the highest lane and longest wait first, when no other live worker
-  holds it, or its work has waited here past FUNNEL_COLD_AFTER_MS;
+  holds it, or its work has waited here past FUNNEL_COLD_AFTER_MS; room is
+  made by unloading a resident model whose queues are empty, and one whose
+  work waits only once the cold model's has waited FUNNEL_COLD_AFTER_MS;
 - answers the queued jobs of a model that failed to load 503
   (`model_unavailable`, naming why) without running them.
 
@@ -188,10 +190,12 @@ class Multiplex:
         if not cold:
             return
         held = self._held_elsewhere(now)
+        busy = frozenset(s.member for s in self.served if min(s.since) < float("inf"))
         for s in sorted(cold, key=lambda s: min((lane, t) for lane, t in enumerate(s.since) if t < float("inf"))):
-            if (s.spec.name, s.spec.version) in held and now - min(s.since) < self.cold_after_s:
+            patient = now - min(s.since) < self.cold_after_s
+            if (s.spec.name, s.spec.version) in held and patient:
                 continue
-            if self.residency.load(s.member):
+            if self.residency.load(s.member, spare=busy if patient else frozenset()):
                 return
 
     def _held_elsewhere(self, now: float) -> set[tuple[str, int]]:

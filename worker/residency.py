@@ -7,7 +7,10 @@ for FUNNEL_LOAD_RETRY_S, and its requests are answered 503 naming why). At
 most FUNNEL_MAX_RESIDENT models are resident or loading at once, and at most
 FUNNEL_MAX_RESIDENT_MB of model files; to make room the least recently used
 resident model is unloaded, never one with a batch taken and not yet answered
-(pinned). One load at a time: loads share the device with the batches.
+(pinned), nor (until the cold model's work has waited FUNNEL_COLD_AFTER_MS) one
+whose own work waits: resident work is served first, and a model is not
+unloaded and loaded again for every request. One load at a time: loads share
+the device with the batches.
 
 A load is claimed first (`funnel:loading:{<model>}:<version>`, a short TTL the
 taker renews while it lasts, common/link/lua/load_claim.lua): another worker
@@ -113,17 +116,18 @@ class Residency:
         if loading is not None:
             self._hold_claim(loading, CLAIM_TTL_S)
 
-    def load(self, member: str) -> bool:
+    def load(self, member: str, spare: frozenset[str] = frozenset()) -> bool:
         """Start loading a cold model (or a failed one due for another try) on the loader's thread, making
-        room for it first; False when it cannot start now: a load under way, no room (every resident
-        model pinned), another worker's claim."""
+        room for it first (never by unloading a model of `spare`: those with work waiting); False when it
+        cannot start now: a load under way, no room (every resident model pinned or spared), another
+        worker's claim."""
         with self._lock:
             model = self.models[member]
             if self._loading is not None or model.state in ("resident", "loading"):
                 return False
             if model.state == "failed" and time.monotonic() < model.retry_at:
                 return False
-            victims = self._room_for(model)
+            victims = self._room_for(model, spare)
             if victims is None or not self._hold_claim(model, CLAIM_TTL_S):
                 return False
             for victim in victims:
@@ -137,8 +141,9 @@ class Residency:
         model = self.models[member]
         return model.state == "cold" or (model.state == "failed" and time.monotonic() >= model.retry_at)
 
-    def _room_for(self, incoming: Model) -> list[Model] | None:
-        """The least recently used unpinned models to unload so that `incoming` fits; None if it cannot."""
+    def _room_for(self, incoming: Model, spare: frozenset[str]) -> list[Model] | None:
+        """The least recently used unpinned models, not spared, to unload so that `incoming` fits; None if
+        it cannot."""
         limits = self.limits
         resident = sorted((m for m in self.models.values() if m.state == "resident"), key=lambda m: m.used_at)
         victims: list[Model] = []
@@ -149,7 +154,7 @@ class Residency:
                      or sum(m.size_mb for m in kept) + incoming.size_mb <= limits.max_resident_mb)
             if count_ok and mb_ok:
                 return victims
-            idle = [m for m in kept if not m.pinned]
+            idle = [m for m in kept if not m.pinned and m.member not in spare]
             if not idle:
                 return None
             victims.append(idle[0])

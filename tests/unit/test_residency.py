@@ -161,3 +161,13 @@ def test_the_web_tier_predicts_the_load_and_names_a_failure(states, cold_s, unav
     assert found.cold_s == pytest.approx(cold_s)
     assert found.unavailable == unavailable
     assert registry.load_s(workers[1]) == pytest.approx(0.4)
+
+
+def test_a_model_whose_work_waits_is_spared_unless_told(redis_client, keys):
+    r = residency(redis_client, keys, ["a", "b", "c"])
+    assert load(r, "a") and load(r, "b")  # a used longest ago
+    redis_client.delete(keys.loading("c"))
+    assert not r.load("w1.c.1", spare=frozenset({"w1.a.1", "w1.b.1"}))  # both have work waiting
+    assert r.load("w1.c.1", spare=frozenset({"w1.a.1"}))  # b's work is done: b goes, a stays
+    wait_for(lambda: r.loading is None, timeout_s=10)
+    assert [r.state(f"w1.{n}.1") for n in "abc"] == ["resident", "cold", "resident"]
