@@ -23,8 +23,12 @@ answered wrong or not 200, and the multi worker's loads per minute (its
 worker idle, one request at a time to the model loaded longest ago (never
 resident then), --cold times: p50/p99 of the answer's time, the load
 included. The points alternate the deployments for each traffic (multi,
-dedicated), so that drift of a shared machine falls on both. The table, with
-the machine, goes to benchmarks/results/multiplex-<machine>-<date>.md.
+dedicated), so that drift of a shared machine falls on both. Last, Zipf
+traffic on two multi workers, one killed (kill -9) halfway through at a moment
+it holds a load claim still loading: requests not answered 200, or answered
+wrong, are counted. The table, with the machine, goes to
+benchmarks/results/multiplex-<machine>-<date>.md. With the defaults it ends
+within about four minutes.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -46,10 +51,13 @@ from http import client as http_client
 from pathlib import Path
 
 import numpy as np
+import redis
 
 from benchmarks import save
 from benchmarks.core import machine
+from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
+from funnel.worker.residency import CLAIM_KEPT_S
 from tests import toy_model
 from tests.support import http, metric
 
@@ -147,10 +155,10 @@ def loads_total(stack: Stack) -> float:
 
 @contextlib.contextmanager
 def stack_for(deployment: str, store: Path, models: list[str], served: list[str], args,
-              log_dir: Path) -> Iterator[Stack]:
+              log_dir: Path, heartbeat_ttl_s: str = "10") -> Iterator[Stack]:
     env = {"PYTHONPATH": THIRD_PARTY}
     worker_env = {**env, "FUNNEL_DEVICE": args.device, "FUNNEL_BACKEND": args.backend,
-                  "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_SPINNING": "0"}
+                  "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_SPINNING": "0", "FUNNEL_HEARTBEAT_TTL_S": heartbeat_ttl_s}
     workers = served if deployment == "dedicated" else []
     with Stack(model_store=store, models=models, workers=workers, worker_env=worker_env, web_env=env,
                log_dir=log_dir) as stack:
@@ -158,6 +166,29 @@ def stack_for(deployment: str, store: Path, models: list[str], served: list[str]
             stack.start_worker(",".join(models), FUNNEL_MAX_RESIDENT=str(args.resident))
             stack.wait_ready(120, expected=dict.fromkeys(models, 1))
         yield stack
+
+
+def kill_mid_load(stack: Stack, doomed, deadline: float) -> bool:
+    """kill -9 the worker `doomed` the moment it holds a load claim not yet past its load (the claim's
+    TTL above CLAIM_KEPT_S: renewed while loading); True if it was caught loading, else killed anyway at
+    the deadline."""
+    client = redis.Redis.from_url(stack.redis_url)
+    keys, caught = Keys(), False
+    pattern = keys.pattern("loading")
+    while time.monotonic() < deadline and not caught:
+        for key in client.scan_iter(pattern):
+            pipe = client.pipeline(transaction=False)
+            pipe.get(key)
+            pipe.pttl(key)
+            holder, ttl_ms = pipe.execute()
+            if holder == b"doomed" and ttl_ms > CLAIM_KEPT_S * 1000:
+                caught = True
+                break
+        else:
+            time.sleep(0.0005)
+    os.kill(doomed.pid, signal.SIGKILL)
+    client.close()
+    return caught
 
 
 def cold_starts(stack: Stack, models: list[str], count: int, vector: list[float]) -> list[float]:
@@ -223,12 +254,33 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((traffic, deployment, len(served), rate, p50, p99, load.failed, load.wrong,
                              per_minute if deployment == "multi" else float("nan")))
                 print(rows[-1], flush=True)
-    report = render(rows, cold, args)
+        killed = kill_point(store, models, vectors, args, work / "kill")
+    report = render(rows, cold, killed, args)
     save(f"multiplex-{machine_tag(args.device)}", report)
     return 0
 
 
-def render(rows, cold: list[float], args) -> str:
+def kill_point(store: Path, models: list[str], vectors: list[list[float]], args, log_dir: Path) -> dict:
+    """Zipf traffic on two multi workers; one is killed (kill -9) mid-load halfway through: what the
+    clients saw."""
+    weights = weights_of("zipf", args.models, args.resident)
+    with stack_for("multi", store, models, models, args, log_dir, heartbeat_ttl_s="2") as stack:
+        doomed = stack.start_worker(",".join(models), FUNNEL_MAX_RESIDENT=str(args.resident),
+                                    FUNNEL_WORKER_ID="doomed", FUNNEL_HEARTBEAT_TTL_S="2")
+        stack.wait_ready(120, expected=dict.fromkeys(models, 2))
+        load = Load(stack.port, models, weights, vectors, seed=3)
+        caught: list[bool] = []
+        killer = threading.Thread(target=lambda: (time.sleep(args.duration / 2), caught.append(
+            kill_mid_load(stack, doomed, time.monotonic() + args.duration / 4))))
+        killer.start()
+        rate = load.run(args.clients, args.duration)
+        killer.join()
+    p50, p99 = percentiles_ms(load.latencies)
+    return {"rate": rate, "p50": p50, "p99": p99, "failed": load.failed, "wrong": load.wrong,
+            "answered": len(load.latencies), "caught": bool(caught and caught[0])}
+
+
+def render(rows, cold: list[float], killed: dict, args) -> str:
     by = {(r[0], r[1]): r for r in rows}
     lines = [f"# Many models on one worker: {args.models} copies of the toy scorer, at most {args.resident} "
              "resident", "",
@@ -245,6 +297,10 @@ def render(rows, cold: list[float], args) -> str:
                      f"| {rate:.0f} | {ratio:.2f} | {p50:.1f} | {p99:.1f} | {failed} | {wrong} "
                      f"| {'' if per_minute != per_minute else f'{per_minute:.0f}'} |")
     c50, c99 = percentiles_ms(cold)
+    lines += ["", f"Zipf traffic on two multi workers, one killed (kill -9) halfway through "
+              f"{'while it loaded a model' if killed['caught'] else 'NOT caught loading (killed anyway)'}: "
+              f"{killed['answered']} answered 200 ({killed['rate']:.0f} req/s, p50 {killed['p50']:.1f} ms, p99 "
+              f"{killed['p99']:.0f} ms), {killed['failed']} not 200, {killed['wrong']} wrong."]
     lines += ["", f"Cold start (multi worker idle, a request to a model not loaded, {len(cold)} times, the "
               f"load and warm-up included): p50 {c50:.0f} ms, p99 {c99:.0f} ms.", "",
               "`resident`: traffic over the first --resident models only; the dedicated deployment runs a worker "
