@@ -75,7 +75,8 @@ class Multiplex:
         self.lists = [s.queue.lanes for s in served]  # each model's lanes, in the order served
         for s in served:
             s.since = [float("inf")] * len(s.queue.lanes)
-        self._owner: dict[int, Served] = {}  # id(batch) -> the model it was taken for
+        # id(batch) -> the model it was taken for, and its steps (None: refused, its model failed to load)
+        self._owner: dict[int, tuple[Served, Steps | None]] = {}
         self._last: Steps | None = None  # the steps whose batch the taker handed over last
         self._idle_s = IDLE_S
         self._view: tuple[float, list[dict[str, str]]] = (-float("inf"), [])
@@ -95,22 +96,25 @@ class Multiplex:
         for s, lanes in zip(self.served, lengths):
             s.since = [min(since, now) if n else float("inf") for since, n in zip(s.since, lanes)]
         retrying(lambda: self._load_cold(now), self.stop)
+        for s in self.served:  # an unloaded model's steps go too: they hold its backend, and its memory
+            if s.steps is not None and self.residency.state(s.member) != "resident":
+                s.steps = None
         chosen = self._choose()
         batch = self._take(chosen) if chosen is not None else None
-        if batch is None:
+        if chosen is None or batch is None:
             self.stop.wait(self._idle_s)
             self._idle_s = min(IDLE_MAX_S, self._idle_s * 2)
             return None
         self._idle_s = IDLE_S
-        self._owner[id(batch)] = chosen  # type: ignore[assignment]  # not None: it took the batch
+        self._owner[id(batch)] = (chosen, None if batch.refused else chosen.steps)
         return batch
 
     def run(self, batch: batching.Batch) -> None:
         if not batch.refused:
-            self._owner[id(batch)].steps.run(batch)  # type: ignore[union-attr]  # pinned: loaded
+            self._owner[id(batch)][1].run(batch)  # type: ignore[union-attr]  # not refused: its steps
 
     def reply(self, batch: batching.Batch) -> None:
-        served = self._owner.pop(id(batch))
+        served, steps = self._owner.pop(id(batch))
         if batch.refused:
             if retrying(lambda: served.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids)
                         or True, self.stop, until_done=True):
@@ -118,7 +122,7 @@ class Multiplex:
             served.stats.add(errors=batch.errors, dead=len(batch.dead))
             return
         try:
-            served.steps.reply(batch)  # type: ignore[union-attr]  # pinned: loaded
+            steps.reply(batch)  # type: ignore[union-attr]  # not refused: its steps
         finally:
             self.residency.unpin(served.member)
 
