@@ -89,12 +89,9 @@ class Multiplex:
             last, self._last = self._last, None
             if last.pace():
                 return None
-        lengths = retrying(self._lengths, self.stop)
-        if lengths is None:  # stopped while Redis was down
+        now = self._look()
+        if now is None:  # stopped while Redis was down
             return None
-        now = time.monotonic()
-        for s, lanes in zip(self.served, lengths):
-            s.since = [min(since, now) if n else float("inf") for since, n in zip(s.since, lanes)]
         retrying(lambda: self._load_cold(now), self.stop)
         for s in self.served:  # an unloaded model's steps go too: they hold its backend, and its memory
             if s.steps is not None and self.residency.state(s.member) != "resident":
@@ -127,6 +124,17 @@ class Multiplex:
             self.residency.unpin(served.member)
 
     # -- which model --------------------------------------------------------------------------------
+
+    def _look(self) -> float | None:
+        """Read every model's lane lengths and note since when each lane's work waits; the time read
+        (None: stopped while Redis was down)."""
+        lengths = retrying(self._lengths, self.stop)
+        if lengths is None:
+            return None
+        now = time.monotonic()
+        for s, lanes in zip(self.served, lengths):
+            s.since = [min(since, now) if n else float("inf") for since, n in zip(s.since, lanes)]
+        return now
 
     def _lengths(self) -> list[list[int]]:
         """Every served model's lane lengths, in one round trip."""

@@ -37,8 +37,9 @@ class WorkerSettings(SharedSettings):
     model: list[str] = setting([], "model to serve, a folder of the model store: NAME serves its highest version "
                                "in the store at start, NAME:N version N; given again (or comma-separated), "
                                "one worker serves them all, loading each when work waits for it", repeat=True)
-    models: str = setting("", "serve every model of the store whose name matches this pattern (fnmatch: "
-                          "'*' serves them all), each at its highest version, as --model given for each")
+    models: str = setting("", "serve every model of the store whose name matches one of these patterns, "
+                          "comma-separated (fnmatch: '*' serves them all), each at its highest version, as "
+                          "--model given for each")
     max_resident: int = setting(0, "with several models: most of them loaded at once; the least recently "
                                 "used is unloaded to make room (0: all of them)")
     max_resident_mb: float = setting(0.0, "with several models: most megabytes of model files loaded at once "
@@ -91,7 +92,8 @@ class WorkerSettings(SharedSettings):
 
     def served(self) -> list[str]:
         """Every model this worker serves, NAME or NAME:N, as --model and --models name them."""
-        matched = [name for name in list_models(self.model_store) if fnmatch.fnmatchcase(name, self.models)
-                   ] if self.models else []
+        patterns = [p.strip() for p in self.models.split(",") if p.strip()]
+        matched = [name for name in list_models(self.model_store)
+                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)]
         named = {model_and_version(m)[0] for m in self.model}
         return [*dict.fromkeys(self.model), *(name for name in matched if name not in named)]

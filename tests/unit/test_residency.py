@@ -171,3 +171,48 @@ def test_a_model_whose_work_waits_is_spared_unless_told(redis_client, keys):
     assert r.load("w1.c.1", spare=frozenset({"w1.a.1"}))  # b's work is done: b goes, a stays
     wait_for(lambda: r.loading is None, timeout_s=10)
     assert [r.state(f"w1.{n}.1") for n in "abc"] == ["resident", "cold", "resident"]
+
+
+def multiplex(client, keys, names: list[str]):
+    """A Multiplex over `names`, every one loaded, whose steps are never run (what it picks is tested)."""
+    from funnel.worker.linger import Linger
+    from funnel.worker.multiplex import Multiplex, Served
+    from funnel.worker.queue import JobQueue
+
+    stop = threading.Event()
+    r = residency(client, keys, names, limits=Limits(len(names)))
+    for name in names:
+        client.delete(keys.loading(name))
+        assert load(r, name)
+    served = [Served(spec(n), f"w1.{n}.1", JobQueue(client, keys, n, f"w1.{n}.1"), None, Linger(0, stop),  # type: ignore[arg-type]
+                     r.models[f"w1.{n}.1"].stats) for n in names]
+    return Multiplex(client, keys, served, r, lambda *_: None, 2.0, 0.25, stop)  # type: ignore[arg-type,return-value]
+
+
+def picks(m, turns: int) -> list[str]:
+    out = []
+    for _ in range(turns):
+        m._look()
+        chosen = m._choose()
+        out.append(chosen.spec.name if chosen else "")
+    return out
+
+
+def test_across_models_high_goes_first_and_low_keeps_its_floor_share(redis_client, keys):
+    from funnel.worker.lanes import LOW_FLOOR
+
+    m = multiplex(redis_client, keys, ["busy", "quiet"])
+    redis_client.lpush(keys.queue("busy", 1, "high"), *[b"job"] * 10)
+    redis_client.lpush(keys.queue("quiet", 1, "low"), *[b"job"] * 10)
+    chosen = picks(m, 50)
+    assert chosen.count("quiet") == pytest.approx(50 * LOW_FLOOR, abs=1)  # low's floor share, no more
+    assert chosen.count("busy") == 50 - chosen.count("quiet")
+
+
+def test_across_models_of_one_lane_the_longest_waiting_goes_first(redis_client, keys):
+    m = multiplex(redis_client, keys, ["a", "b", "c"])
+    for name in ("a", "b", "c"):
+        redis_client.lpush(keys.queue(name), *[b"job"] * 10)
+    assert sorted(picks(m, 3)) == ["a", "b", "c"] and sorted(picks(m, 6)) == ["a", "a", "b", "b", "c", "c"]
+    redis_client.delete(keys.queue("b"))
+    assert "b" not in picks(m, 4)  # no work, never picked

@@ -56,6 +56,7 @@ def test_model_given_again_serves_several(monkeypatch, tmp_path):
     monkeypatch.delenv("FUNNEL_MODEL")
     assert WorkerSettings.load(["--models", "*", "--model-store", str(tmp_path)]).served() == [
         "a", "x-one", "x-two", "y"]
+    assert WorkerSettings.load(["--models", "y, x-t*", "--model-store", str(tmp_path)]).served() == ["x-two", "y"]
     with pytest.raises(SystemExit):
         WorkerSettings.load(["--model", "a", "--max-resident", "-1"])
 
