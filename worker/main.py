@@ -9,6 +9,8 @@ started running, and a batch run waits for the replier to take the one before.
 Every batch stays in the in-flight list until its replies are written,
 whichever thread holds it: a kill at any moment leaves all of them for
 recovery, and SIGTERM stops the taking, then runs and answers every batch taken.
+A worker serving several models runs the same loop, worker/multiplex.py standing
+in for one model's steps (which model to take from, and loading: worker/residency.py).
 """
 
 from __future__ import annotations
