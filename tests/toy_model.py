@@ -23,17 +23,27 @@ WEIGHTS = np.random.default_rng(7).normal(size=(4, 3)).astype(np.float32)
 BIAS = np.array([0.1, -0.2, 0.05], np.float32)
 
 
-def expected_scores(vectors: np.ndarray) -> np.ndarray:
-    logits = vectors.astype(np.float32) @ WEIGHTS + BIAS
+def weights(seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The scorer's W and b: the toy's own, or (a seed) another copy's, whose answers differ."""
+    if seed is None:
+        return WEIGHTS, BIAS
+    rng = np.random.default_rng(1000 + seed)
+    return rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+
+
+def expected_scores(vectors: np.ndarray, seed: int | None = None) -> np.ndarray:
+    w, b = weights(seed)
+    logits = vectors.astype(np.float32) @ w + b
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
 
 
-def write_graph(path: Path) -> None:
-    """scores = softmax(vectors @ W + b), with a dynamic batch axis."""
+def write_graph(path: Path, seed: int | None = None) -> None:
+    """scores = softmax(vectors @ W + b), with a dynamic batch axis (seed: another copy's W and b)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    w, b = weights(seed)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["vectors", "W"], ["product"]),
          helper.make_node("Add", ["product", "b"], ["logits"]),
@@ -41,7 +51,7 @@ def write_graph(path: Path) -> None:
         "toy-score",
         [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(WEIGHTS, "W"), numpy_helper.from_array(BIAS, "b")])
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -79,9 +89,10 @@ def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:VectorScore",
-            *extra: str) -> subprocess.CompletedProcess:
-    """`funnel add` the toy scorer to store as `name` (extra: more of add's flags)."""
-    write_graph(work / "toy.onnx")
+            *extra: str, seed: int | None = None) -> subprocess.CompletedProcess:
+    """`funnel add` the toy scorer to store as `name` (extra: more of add's flags; seed: a copy whose
+    weights, and answers, differ)."""
+    write_graph(work / "toy.onnx", seed)
     (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
     return funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "toy.onnx"),
                   "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())

@@ -51,6 +51,7 @@ class Batch:
     replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
     dead: list[bytes] = field(default_factory=list)
     expired: int = 0
+    refused: bool = False  # its model could not be loaded: answered with an error each, never run
     started: int = 0  # epoch ms when its take ended: each job's queue_ms runs up to here
     wait_s: float = 0.0  # how long the take waited for the batch to fill
     collate_ms: float = 0.0

@@ -175,6 +175,8 @@ class JobQueue:
         caps = [batch_size] * len(LANES) + [max(1, places[-1]) if busy else batch_size]  # bulk's, last
         counts = [0] * len(self.lanes)
         jobs, _ = self._fill(batch_size, places, caps, counts)  # whatever is queued now
+        if not jobs and block_s <= 0:  # a worker of several models looks again itself (worker/multiplex.py)
+            return [], 0.0
         if not jobs:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
             first = self.client.blmove(self.lanes[1], self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import socket
 import uuid
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from funnel.common import settings
 from funnel.common.contracts.keys import check_name, check_version
 from funnel.common.settings import SharedSettings, setting
+from funnel.common.store import list_models
 
 
 def model_and_version(text: str) -> tuple[str, int | None]:
@@ -32,8 +34,20 @@ def default_worker_id() -> str:
 class WorkerSettings(SharedSettings):
     """A Funnel worker daemon: takes batches of jobs for one model from Redis."""
 
-    model: str = setting("", "model to serve, a folder of the model store: NAME serves its highest version "
-                         "in the store at start, NAME:N version N")
+    model: list[str] = setting([], "model to serve, a folder of the model store: NAME serves its highest version "
+                               "in the store at start, NAME:N version N; given again (or comma-separated), "
+                               "one worker serves them all, loading each when work waits for it", repeat=True)
+    models: str = setting("", "serve every model of the store whose name matches one of these patterns, "
+                          "comma-separated (fnmatch: '*' serves them all), each at its highest version, as "
+                          "--model given for each")
+    max_resident: int = setting(0, "with several models: most of them loaded at once; the least recently "
+                                "used is unloaded to make room (0: all of them)")
+    max_resident_mb: float = setting(0.0, "with several models: most megabytes of model files loaded at once "
+                                     "(a GPU's memory budget; 0: no limit)")
+    cold_after_ms: float = setting(2000.0, "with several models: load a model another live worker holds once "
+                                   "its work has waited this long here")
+    load_retry_s: float = setting(60.0, "with several models: a model that failed to load is answered 503 "
+                                  "for this long before it is tried again")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])
     device: str = setting("cpu", "cpu, cuda:N, or auto: the device with the fewest live workers")
     devices: list[str] = setting([], "candidates for --device auto, comma-separated "
@@ -64,11 +78,22 @@ class WorkerSettings(SharedSettings):
     @classmethod
     def load(cls, argv: list[str] | None = None) -> WorkerSettings:
         loaded = settings.load(cls, argv, prog="funnel-worker")
-        if not loaded.model:
-            raise SystemExit("funnel-worker: --model (or FUNNEL_MODEL) is required")
-        try:
-            model_and_version(loaded.model)
-        except ValueError as exc:
-            raise SystemExit(f"funnel-worker: --model {loaded.model!r}: {exc}") from None
+        if not loaded.model and not loaded.models:
+            raise SystemExit("funnel-worker: --model (or FUNNEL_MODEL) or --models is required")
+        for model in loaded.model:
+            try:
+                model_and_version(model)
+            except ValueError as exc:
+                raise SystemExit(f"funnel-worker: --model {model!r}: {exc}") from None
+        if loaded.max_resident < 0 or loaded.max_resident_mb < 0:
+            raise SystemExit("funnel-worker: --max-resident and --max-resident-mb are at least 0")
         loaded.worker_id = loaded.worker_id or default_worker_id()
         return loaded
+
+    def served(self) -> list[str]:
+        """Every model this worker serves, NAME or NAME:N, as --model and --models name them."""
+        patterns = [p.strip() for p in self.models.split(",") if p.strip()]
+        matched = [name for name in list_models(self.model_store)
+                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)]
+        named = {model_and_version(m)[0] for m in self.model}
+        return [*dict.fromkeys(self.model), *(name for name in matched if name not in named)]

@@ -15,6 +15,7 @@ slot. Layout (docs/redis.md):
     funnel:queue-high:{text-embedding}:<version>  funnel:queue-low:{text-embedding}:<version>
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
+    funnel:loading:{text-embedding}:<version>  (the worker loading it, worker/residency.py)
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
     funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
 
@@ -188,6 +189,12 @@ class Keys:
         recovery's claim script reads it with the worker's in-flight list."""
         return f"{self.prefix}:worker:{tag(model)}:{check_name(worker_id)}"
 
+    def loading(self, model: str, version: int = 1) -> str:
+        """String: the id of the worker loading a model version to serve it, with a short TTL its loader
+        renews, so two workers with several models do not both load it for the same work
+        (worker/residency.py, common/link/lua/load_claim.lua)."""
+        return f"{self.prefix}:loading:{tag(model)}:{check_version(version)}"
+
     def workers(self) -> str:
         """Hash of registered worker id -> model, live or dead until recovered."""
         return f"{self.prefix}:workers"
@@ -211,7 +218,7 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
-                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running"):
+                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "loading"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 
