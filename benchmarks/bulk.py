@@ -146,8 +146,7 @@ def batches(args, argv: list[str] | None) -> int:
     texts = [f"{SENTENCE} Line {i}." for i in range(args.items)]
     rows: list[tuple[int, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="funnel-batches-") as tmp, \
-            Stack(model_store=args.store, models=[MODEL], log_dir=Path(tmp),
-                  web_env={"FUNNEL_MAX_BODY_MB": "64"}) as stack:
+            Stack(model_store=args.store, models=[MODEL], log_dir=Path(tmp)) as stack:
         bulk_job(stack.url, 320)  # warm-up
         batch_api(stack.url, texts[:320])
         for round_ in range(args.rounds):

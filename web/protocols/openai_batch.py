@@ -66,9 +66,11 @@ def count_lines(content: bytes) -> int:
     return sum(1 for raw in content.splitlines() if raw.strip())
 
 
-def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve: Any, prepare: Any) -> Read:
+def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve: Any, prepare: Any,
+              max_items: int) -> Read:
     """Each line of an input file checked and prepared; resolve(name) gives a model's task, prepare
-    (task, texts) its items (web/pipeline.py's)."""
+    (task, texts) its items (web/pipeline.py's). A 400 (too_many_items) as soon as the good lines
+    hold more than max_items texts: a file's cost is bounded before it is all tokenized."""
     read = Read(None, [], [], [])
     seen: set[str] = set()
     for number, raw in enumerate(content.splitlines(), 1):
@@ -90,6 +92,9 @@ def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve:
             param = getattr(exc, "param", None) or ("model" if exc.status == 404 else None)
             read.rejected.append(Rejected(number, custom_id, exc.code, exc.message, param, exc.status))
             continue
+        if len(read.items) + len(items) > max_items:
+            raise BadParam("input_file_id", f"the file's requests hold more than {max_items} inputs by line "
+                           f"{number}; a batch takes {max_items} at most", code="too_many_items")
         read.task = task
         read.lines.append(Line(number, custom_id, len(read.items), len(items), tokens_of(items),
                                work.context == "base64"))

@@ -33,6 +33,7 @@ from funnel.common.bulk.batch_store import (
     job_of_batch,
     parse_file_id,
 )
+from funnel.common.bulk.job_store import Gone
 from funnel.common.contracts.wire import now_ms
 from funnel.common.errors import BadInput, NotFound
 from funnel.common.observability import logs
@@ -161,14 +162,11 @@ class Routes:
             raise BadParam("input_file_id", "input_file_id must name an uploaded file")
         content = self.store.content(input_file_id, caller)
         read = openai_batch.read_file(content, endpoint, self.embeddings, self.pipeline.resolve,
-                                      self.pipeline.prepare)
+                                      self.pipeline.prepare, self.settings.max_job_items)
         if read.task is None:
             first = read.rejected[0]
             raise BadParam("input_file_id", f"no line of the file is a request to run; line {first.number}: "
                            f"{first.message}", code="no_valid_requests")
-        if len(read.items) > self.settings.max_job_items:
-            raise BadParam("input_file_id", f"the file's requests hold {len(read.items)} inputs; a batch takes "
-                           f"{self.settings.max_job_items} at most", code="too_many_items")
         description = Description(input_file_id, endpoint, window, read.task.spec.name, read.lines, read.rejected,
                                   metadata)
         origin = Origin(request_id=logs.REQUEST_ID.get(), traceparent=request.headers.get("traceparent", ""),
@@ -187,7 +185,7 @@ class Routes:
         for job_id in ids:
             try:
                 shown.append(self._object(*self._batch(job_id)))
-            except NotFound:  # expired, or the job's record was never written (a submit that failed)
+            except (NotFound, Gone):  # expired, or the job's record was never written (a submit that failed)
                 continue
         return listing(shown, more)
 
