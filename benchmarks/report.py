@@ -108,9 +108,10 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         "and the ceiling use the library's default intra-op threads. Funnel (a worker per core): the same "
         "stack with one worker per core (`funnel up --workers-per-model <cores>`), each with one core's "
         "share of intra-op threads and no spin-waiting. infinity (text only): `infinity_emb v2`, its torch "
-        "engine, batch 32; Ray Serve (text only): @serve.batch of 32 with a 20 ms wait, one replica, "
-        "sentence-transformers; both on the all-MiniLM-L6-v2 weights Funnel's model is exported from, in "
-        "PyTorch, whatever the suite (rows marked eager), from their own environment (.venv-peers).")
+        "engine, batch 32, one process (its CPU counted as web, the model included); Ray Serve (text "
+        "only): @serve.batch of 32 with a 20 ms wait, one replica, sentence-transformers; both on the "
+        "all-MiniLM-L6-v2 weights Funnel's model is exported from, in PyTorch, whatever the suite (rows "
+        "marked eager), from their own environment (.venv-peers).")
     return [f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "", machine, "", device, "",
             f"Command: `{command}`", "", *quick, method, "", columns, "", settings, ""]
 
