@@ -96,10 +96,10 @@ class Served:
 @dataclass(frozen=True)
 class Prepared:
     """A job whose items come prepared (an OpenAI batch's, routes/batches.py): only checked, run on
-    the model version they were prepared for, and described in the job's record (`batch`)."""
+    the model version they were prepared for, and described in the job's record (`fields`)."""
 
     version: int
-    batch: bytes
+    fields: dict[str, bytes]  # the record's fields that describe the batch (common/bulk/batch_store.py)
 
 
 @dataclass(frozen=True)
@@ -245,8 +245,7 @@ class Pipeline:
             trace.step("admit")
             self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
             trace.step("store")
-            fields: dict[str, str | bytes] = {"webhook_url": webhook or "",
-                                              jobs.BATCH_FIELD: prepared.batch if prepared else b""}
+            fields: dict[str, str | bytes] = {"webhook_url": webhook or "", **(prepared.fields if prepared else {})}
             record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, fields,
                                                 idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these

@@ -38,6 +38,7 @@ BATCH_PREFIX = "batch_"
 FILE_PREFIX = "file-"
 OUTPUT, ERRORS = "output", "errors"  # the two files a batch's job answers into
 FILE_FIELDS = ("filename", "purpose", "bytes", "created_ms", "owner", "lines")
+LINES_FIELD = "batch_lines"  # the job record's field of a batch's lines (Description)
 
 
 @dataclass(frozen=True)
@@ -66,34 +67,44 @@ class Rejected:
 
 @dataclass
 class Description:
-    """What a batch's job alone does not say: OpenAI's fields and each line's part of the job."""
+    """What a batch's job alone does not say: OpenAI's fields and each line's part of the job.
+
+    Kept as two fields of the record: the head (jobs.BATCH_FIELD: OpenAI's fields, the counts of
+    lines), read by every retrieve, and the lines (LINES_FIELD), read only to write the output and
+    error files: a 10,000-line batch's lines are 200 KB a poll would otherwise decode."""
 
     input_file_id: str
     endpoint: str
     completion_window: str
     model: str
-    lines: list[Line]
-    rejected: list[Rejected]
+    good: int        # lines that became items
+    refused: int     # lines that went to the error file at create
     metadata: dict[str, str] | None = None
     cancelled_ms: int = 0
     counts: list[int] = field(default_factory=list)  # [completed, failed] once known for good
+    lines: list[Line] = field(default_factory=list)          # loaded only when asked for
+    rejected: list[Rejected] = field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return len(self.lines) + len(self.rejected)
+        return self.good + self.refused
 
     def encode(self) -> bytes:
-        data = asdict(self)
-        data["lines"] = [list(asdict(line).values()) for line in self.lines]
-        data["rejected"] = [list(asdict(r).values()) for r in self.rejected]
-        return msgpack.packb(data, use_bin_type=True)
+        """The head."""
+        head = {k: v for k, v in asdict(self).items() if k not in ("lines", "rejected")}
+        return msgpack.packb(head, use_bin_type=True)
+
+    def encode_lines(self) -> bytes:
+        return msgpack.packb([[list(asdict(line).values()) for line in self.lines],
+                              [list(asdict(r).values()) for r in self.rejected]], use_bin_type=True)
 
     @classmethod
-    def decode(cls, blob: bytes) -> Description:
-        data = msgpack.unpackb(blob, raw=False)
-        data["lines"] = [Line(*row) for row in data["lines"]]
-        data["rejected"] = [Rejected(*row) for row in data["rejected"]]
-        return cls(**data)
+    def decode(cls, head: bytes, lines: bytes | None = None) -> Description:
+        made = cls(**msgpack.unpackb(head, raw=False))
+        if lines is not None:
+            good, refused = msgpack.unpackb(lines, raw=False)
+            made.lines, made.rejected = [Line(*row) for row in good], [Rejected(*row) for row in refused]
+        return made
 
 
 @dataclass(frozen=True)
@@ -197,12 +208,14 @@ class BatchStore:
         """List a new batch among the caller's."""
         self._index(self.keys.batches_of(caller.owner), job_id)
 
-    def description(self, job_id: str) -> Description | None:
-        blob = self.client.hget(self.keys.job(job_id), jobs.BATCH_FIELD)
-        return Description.decode(blob) if blob else None  # type: ignore[arg-type]
+    def description(self, job_id: str, lines: bool = False) -> Description | None:
+        """The batch's description, its lines too when asked; None for a job that is no batch."""
+        found = self.client.hmget(self.keys.job(job_id), [jobs.BATCH_FIELD, *([LINES_FIELD] if lines else [])])
+        head, body = found[0], (found[1] if lines else None)
+        return Description.decode(head, body) if head else None  # type: ignore[arg-type]
 
     def update(self, job_id: str, description: Description) -> None:
-        """Write a description again (its cancel time, its final counts), only while the job lives."""
+        """Write a description's head again (its cancel time, its final counts), only while the job lives."""
         self._describe(keys=[self.keys.job(job_id)], args=[jobs.BATCH_FIELD, description.encode()])
 
     def in_flight(self, job_id: str, model: str) -> bool:

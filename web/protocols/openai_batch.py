@@ -158,18 +158,25 @@ def outcomes(description: Description, pages: Iterable[list[bytes | None]]) -> I
         yield Outcome(line, None if missing or error else replies, error, missing and error is None)
 
 
+def needs_scan(record: jobs.Record, description: Description) -> bool:
+    """Whether counting the lines takes a scan of the results (and the description's lines): a
+    final batch of lines of several texts where an item failed or a cancel left some unanswered."""
+    return (not description.counts and record.total != description.good
+            and record.state in ("done", "failed", "cancelled") and bool(record.failed or record.cancelled))
+
+
 def counts(record: jobs.Record, description: Description, pages: Any) -> tuple[int, int]:
     """(completed, failed) request lines. Exact from the record alone when each line is one item or no
-    item failed; else a scan of the results once the batch is final (`pages()` gives them), and,
-    while it runs, the share of items answered."""
-    rejected, good = len(description.rejected), len(description.lines)
+    item failed; else a scan of the results once the batch is final (`pages()` gives them; the
+    description's lines loaded), and, while it runs, the share of items answered."""
+    rejected, good = description.refused, description.good
     failed_items, final = record.failed, record.state in ("done", "failed", "cancelled")
     if description.counts:
         return description.counts[0], description.counts[1]
     if record.total == good:  # one item a line
         unanswered = record.total - record.done if record.state == "cancelled" else 0
         return record.done - failed_items, rejected + failed_items + unanswered
-    if final and (failed_items or record.state == "cancelled"):
+    if needs_scan(record, description):
         completed = sum(1 for o in outcomes(description, pages()) if o.replies is not None)
         return completed, rejected + good - completed
     if final:

@@ -27,6 +27,7 @@ from flask import Blueprint, Flask, Response, request
 
 from funnel.common.bulk import jobs
 from funnel.common.bulk.batch_store import (
+    LINES_FIELD,
     BatchStore,
     Description,
     batch_id,
@@ -132,7 +133,7 @@ class Routes:
     def _result_file(self, file_id: str) -> tuple[jobs.Record, Description]:
         """The final batch whose output or error file this is; 404 before it is final."""
         hexid, _ = parse_file_id(file_id)
-        record, description = self._batch(hexid)
+        record, description = self._batch(hexid, lines=True)
         if record.state not in ("done", "failed", "cancelled") or not self._settled(record, description):
             raise NotFound(f"file {file_id} is written once its batch is final", code="unknown_file")
         return record, description
@@ -167,13 +168,14 @@ class Routes:
             first = read.rejected[0]
             raise BadParam("input_file_id", f"no line of the file is a request to run; line {first.number}: "
                            f"{first.message}", code="no_valid_requests")
-        description = Description(input_file_id, endpoint, window, read.task.spec.name, read.lines, read.rejected,
-                                  metadata)
+        description = Description(input_file_id, endpoint, window, read.task.spec.name, len(read.lines),
+                                  len(read.rejected), metadata, lines=read.lines, rejected=read.rejected)
         origin = Origin(request_id=logs.REQUEST_ID.get(), traceparent=request.headers.get("traceparent", ""),
                         tracestate=request.headers.get("tracestate", ""))
         record, replayed = self.pipeline.submit_job(
             read.task.spec.name, read.items, request.headers.get("Idempotency-Key"), None, request.get_data(),
-            caller, origin, Prepared(read.task.spec.version, description.encode()))
+            caller, origin, Prepared(read.task.spec.version, {jobs.BATCH_FIELD: description.encode(),
+                                                             LINES_FIELD: description.encode_lines()}))
         if not replayed:
             self.store.added(record.id, caller)
         return self._render(record, self.store.description(record.id) or description)
@@ -201,15 +203,17 @@ class Routes:
             record = self.jobs.cancel(job_id, self._caller())
         return self._render(record, description)
 
-    def _batch(self, job_id: str) -> tuple[jobs.Record, Description]:
+    def _batch(self, job_id: str, lines: bool = False) -> tuple[jobs.Record, Description]:
         record, _ = self.jobs.load(job_id, self._caller())
-        description = self.store.description(job_id)
+        description = self.store.description(job_id, lines)
         if description is None:  # a job of /v1/models/<name>/jobs: no batch
             raise NotFound(f"no batch {batch_id(job_id)!r}", code="unknown_batch")
         return record, description
 
     def _object(self, record: jobs.Record, description: Description) -> dict:
         settled = self._settled(record, description)
+        if openai_batch.needs_scan(record, description) and settled:
+            description = self.store.description(record.id, lines=True) or description
         done = openai_batch.counts(record, description, lambda: self.jobs.result_pages(record))
         final = record.state in ("done", "failed") or (record.state == "cancelled" and settled)
         if final and not description.counts and (record.failed or record.state == "cancelled"):
