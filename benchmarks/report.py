@@ -72,7 +72,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
               "not how the systems compare."), ""] if args.quick else []
     method = (
         f"Method: wrk -t1 -c<clients> -d{args.duration:g}s --timeout 30s --latency with a Lua script that "
-        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at 32 clients "
+        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at "
+        f"{min(32, max(args.concurrency_list))} clients "
         f"warm each system up after it first answers correctly (checked: a 384-d normalised vector, or a "
         f"cat class first); before every point the driver waits until the system has worked off what the "
         f"last run left queued (its processes below 0.25 cores), then {args.settle:g} s more. "
