@@ -72,7 +72,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
               "not how the systems compare."), ""] if args.quick else []
     method = (
         f"Method: wrk -t1 -c<clients> -d{args.duration:g}s --timeout 30s --latency with a Lua script that "
-        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at 32 clients "
+        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at "
+        f"{min(32, max(args.concurrency_list))} clients "
         f"warm each system up after it first answers correctly (checked: a 384-d normalised vector, or a "
         f"cat class first); before every point the driver waits until the system has worked off what the "
         f"last run left queued (its processes below 0.25 cores), then {args.settle:g} s more. "
@@ -83,7 +84,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         f"than one.")
     columns = (
         "Columns: *vs ceiling b32* divides by the in-process batch-32 rate of the same model implementation; "
-        "*vs best peer* by the best of Flask, service-streamer and LitServe at the same concurrency. "
+        "*vs best peer* by the best of the peers measured (Flask, service-streamer, LitServe, infinity, "
+        "Ray Serve) at the same concurrency. "
         "*CPU ms/req* is user+system CPU from /proc/<pid>/stat of each process tree over the measured "
         "run, divided by the requests answered: web = HTTP processes (gunicorn master and workers, "
         "LitServe's server and API processes), model = the model process(es) (Flask: inside the web "
@@ -106,7 +108,11 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         "batch size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes "
         "and the ceiling use the library's default intra-op threads. Funnel (a worker per core): the same "
         "stack with one worker per core (`funnel up --workers-per-model <cores>`), each with one core's "
-        "share of intra-op threads and no spin-waiting.")
+        "share of intra-op threads and no spin-waiting. infinity (text only): `infinity_emb v2`, its torch "
+        "engine, batch 32, one process (its CPU counted as web, the model included); Ray Serve (text "
+        "only): @serve.batch of 32 with a 20 ms wait, one replica, sentence-transformers; both on the "
+        "all-MiniLM-L6-v2 weights Funnel's model is exported from, in PyTorch, whatever the suite (rows "
+        "marked eager), from their own environment (.venv-peers).")
     return [f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "", machine, "", device, "",
             f"Command: `{command}`", "", *quick, method, "", columns, "", settings, ""]
 

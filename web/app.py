@@ -25,7 +25,7 @@ from funnel.web import metrics as web_metrics
 from funnel.web.catalog import Catalog
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.pipeline import Pipeline
-from funnel.web.routes import jobs, v2
+from funnel.web.routes import batches, jobs, v2
 from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
@@ -85,6 +85,7 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     auth.install(app, settings.api_keys)
     app.register_blueprint(v2.create_blueprint(pipeline))
     jobs.install(app, pipeline, settings)
+    batches.install(app, pipeline, settings)
 
     @app.get("/")
     def index():

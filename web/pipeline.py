@@ -105,6 +105,15 @@ class Served:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A job whose items come prepared (an OpenAI batch's, routes/batches.py): only checked, run on
+    the model version they were prepared for, and described in the job's record (`fields`)."""
+
+    version: int
+    fields: dict[str, bytes]  # the record's fields that describe the batch (common/bulk/batch_store.py)
+
+
+@dataclass(frozen=True)
 class Origin:
     """Who sent a request and how to follow it: what the transport knows before the pipeline starts."""
 
@@ -211,10 +220,13 @@ class Pipeline:
             return render(task, work, Served(replies, prepared, lane))
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
-                   body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
+                   body: bytes, caller: jobs.Caller, origin: Origin = Origin(),
+                   prepared: Prepared | None = None) -> tuple[jobs.Record, bool]:
         """A bulk (or async) job of these items, owned by the caller (the request's API key, or
         anyone where none are set): its record, and whether an earlier submit by the same caller
         with this Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
+
+        An OpenAI batch (routes/batches.py) hands its items prepared already (`prepared`).
 
         Resolved and prepared as a predict; then admitted by the bulk queue's room
         (FUNNEL_MAX_BULK_QUEUE, 503) instead of the predicted wait, and created in the job
@@ -226,7 +238,7 @@ class Pipeline:
         """
         trace = self.spans.request("job", name, origin.traceparent, origin.tracestate, origin.request_id)
         with trace:
-            task = self.resolve(name)
+            task = self.resolve(name, str(prepared.version) if prepared else None)
             version = task.spec.version
             trace.annotate(model=name, model_version=version, items=len(items))
             job_submit.check(idempotency_key, webhook, self.job_limits)
@@ -240,12 +252,13 @@ class Pipeline:
             job_id = jobs.new_job_id(created)
             trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
-            payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version,
-                                               trace.traceparent)
+            items_ready = self.prepare(task, items, prepared is not None)
+            payloads = self.jobs.item_payloads(job_id, name, created, items_ready, version, trace.traceparent)
             trace.step("admit")
             self.jobs.check_room(name, len(payloads), self.settings.max_bulk_queue, version)
             trace.step("store")
-            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
+            fields: dict[str, str | bytes] = {"webhook_url": webhook or "", **(prepared.fields if prepared else {})}
+            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, fields,
                                                 idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these
                 trace.annotate(job_id=record.id, replayed=True)

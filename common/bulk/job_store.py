@@ -91,17 +91,19 @@ class JobStore:
                              f"its limit of {max_bulk_queue}; retry later", retry_after=30)
 
     def create(self, job_id: str, model: str, created_ms: int, payloads: list[bytes], body_sha256: str,
-               webhook: str | None = None, idempotency_key: str | None = None,
+               fields: dict[str, str | bytes] | None = None, idempotency_key: str | None = None,
                version: int = 1, *, caller: Caller) -> tuple[jobs.Record, bool]:
         """Write the record, owned by the caller, and queue every item in one transaction: (the
         record, False). With an Idempotency-Key that a concurrent submit by the same caller used
-        first: (that job's record, True), nothing written; Conflict if that submit's body differed."""
+        first: (that job's record, True), nothing written; Conflict if that submit's body differed.
+        `fields`: the record's optional ones, written where not empty (webhook_url, an OpenAI
+        batch's description)."""
         ttl_ms = self.ttl_s * 1000
         record: dict = {
             "model": model, "version": version, "total": len(payloads), "done": 0, "failed": 0, "duplicates": 0,
             "created_ms": created_ms, "finished_ms": 0, "ttl_ms": ttl_ms, "state": "active",
             "body_sha256": body_sha256, "owner": caller.owner, "owner_label": caller.label,
-            **({"webhook_url": webhook} if webhook else {})}
+            **{name: value for name, value in (fields or {}).items() if value}}
         idem = self._idempotency(model, idempotency_key, caller) if idempotency_key is not None else None
         job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
         apart = self.keys.cluster  # the record's slot is the job's, the MULTI's the model's: written first
@@ -120,7 +122,7 @@ class JobStore:
                     self._forget(job)
             if self.replicas:
                 self._replicated(job, ttl_ms, idem, queueing)
-        return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+        return jobs.Record.parse(job_id, {k: v if isinstance(v, bytes) else str(v) for k, v in record.items()}), False
 
     def _queue_items(self, queueing: redis.Redis, job_id: str, bulk: str, record: dict, ttl_ms: int,
                      payloads: list[bytes], idem: str | None, body_sha256: str, caller: Caller) -> jobs.Record | None:
@@ -254,10 +256,11 @@ class JobStore:
         if not jobs.is_job_id(job_id):  # the id's shape is public: nothing to hide, nothing read
             raise NotFound(f"no job {job_id!r}", code="unknown_job")
         pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.job(job_id))
+        pipe.hmget(self.keys.job(job_id), jobs.FIELDS)  # not a batch's description: that is read apart
         if limit:
             pipe.hmget(self.keys.job_results(job_id), list(range(offset, offset + limit)))
-        raw, *rest = pipe.execute()
+        values, *rest = pipe.execute()
+        raw = {field: value for field, value in zip(jobs.FIELDS, values) if value is not None}
         record = jobs.Record.parse(job_id, raw)  # parsed and compared whether or not it exists
         if not caller.may_see(record) or not raw:
             raise self._missing(job_id)
