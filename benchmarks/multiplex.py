@@ -19,7 +19,7 @@ Deployments, each a private Redis, the web tier and its workers:
   traffic costs without multiplexing: --models times the loaded models).
 
 Traffic, from --clients closed-loop clients in this process, each sending one
-vector a request to a model drawn at random: `resident` over --resident
+probe (a vector, or a text) a request to a model drawn at random: `resident` over --resident
 models only (the dedicated deployment then runs --resident workers: the same
 memory as the multi worker's), `uniform` over all of them, `zipf` with
 P(rank k) ∝ 1/k^1.1. Each point gives requests/s, p50/p99 latency, requests
@@ -27,8 +27,8 @@ answered wrong or not 200, and the multi worker's loads per minute (its
 /metrics' funnel_worker_loads_total over the run). Cold start: with the multi
 worker idle, one request at a time to the model loaded longest ago (never
 resident then), --cold times: p50/p99 of the answer's time, the load
-included, for at most --duration seconds. The points alternate the deployments for each traffic (multi,
-dedicated), so that drift of a shared machine falls on both. Last, Zipf
+included, for at most --duration seconds. The points alternate the deployments
+for each traffic (multi, dedicated), so that drift of a shared machine falls on both. Last, Zipf
 traffic on two multi workers, one killed (kill -9) halfway through at a moment
 it holds a load claim still loading: requests not answered 200, or answered
 wrong, are counted. The table, with the machine, goes to
@@ -276,6 +276,8 @@ def kill_point(store: Path, models: list[str], probes: copies.Probes, args, log_
         doomed = stack.start_worker(",".join(models), FUNNEL_MAX_RESIDENT=str(args.resident),
                                     FUNNEL_WORKER_ID="doomed", FUNNEL_HEARTBEAT_TTL_S="2")
         stack.wait_ready(120, expected=dict.fromkeys(models, 2))
+        # Warm-up, as at every point: a worker's first load also imports its backend (torch: seconds).
+        Load(stack.port, models, weights, probes, seed=1).run(args.clients, 2.0)
         load = Load(stack.port, models, weights, probes, seed=3)
         caught: list[bool] = []
         killer = threading.Thread(target=lambda: (time.sleep(args.duration / 2), caught.append(
