@@ -1,11 +1,16 @@
 """Many models on one worker against a worker per model: `python -m benchmarks.multiplex`.
 
     python -m benchmarks.multiplex [--models 20] [--resident 3] [--duration 15] [--clients 16]
-                                   [--device cpu | cuda:0] [--backend onnx] [--cold 40]
+                                   [--device cpu | cuda:0] [--backend onnx | torch] [--cold 40]
+                                   [--base toy | MODEL] [--store model_store]
 
 The models are copies of the toy scorer (tests/third_party/toyscore: 4 numbers
-in, 3 scores out), each with weights of its own, so every answer is checked
-against its own model's: a request answered by another model counts as wrong.
+in, 3 scores out; an ONNX graph, or with --backend torch a TorchScript module),
+or with --base MODEL (--backend torch) of a text model of --store, such as
+text-embedding (fp32 or fp16), each with weights of its own (benchmarks/copies.py),
+so every answer is checked against its own model's: a request answered by
+another model counts as wrong. On a GPU whose onnxruntime has no CUDA provider,
+--backend torch runs the workers on it with torch alone.
 Deployments, each a private Redis, the web tier and its workers:
 
 - multi: one worker serving every model (`--model` for each), at most
@@ -14,7 +19,7 @@ Deployments, each a private Redis, the web tier and its workers:
   traffic costs without multiplexing: --models times the loaded models).
 
 Traffic, from --clients closed-loop clients in this process, each sending one
-vector a request to a model drawn at random: `resident` over --resident
+probe (a vector, or a text) a request to a model drawn at random: `resident` over --resident
 models only (the dedicated deployment then runs --resident workers: the same
 memory as the multi worker's), `uniform` over all of them, `zipf` with
 P(rank k) ∝ 1/k^1.1. Each point gives requests/s, p50/p99 latency, requests
@@ -22,13 +27,14 @@ answered wrong or not 200, and the multi worker's loads per minute (its
 /metrics' funnel_worker_loads_total over the run). Cold start: with the multi
 worker idle, one request at a time to the model loaded longest ago (never
 resident then), --cold times: p50/p99 of the answer's time, the load
-included. The points alternate the deployments for each traffic (multi,
-dedicated), so that drift of a shared machine falls on both. Last, Zipf
+included, for at most --duration seconds. The points alternate the deployments
+for each traffic (multi, dedicated), so that drift of a shared machine falls on both. Last, Zipf
 traffic on two multi workers, one killed (kill -9) halfway through at a moment
 it holds a load claim still loading: requests not answered 200, or answered
 wrong, are counted. The table, with the machine, goes to
 benchmarks/results/multiplex-<machine>-<date>.md. With the defaults it ends
-within about four minutes.
+within about four minutes; `--base text-embedding` adds the copies' making
+(about a second each on a GPU machine, three on 2 cores).
 """
 
 from __future__ import annotations
@@ -50,10 +56,9 @@ from collections.abc import Iterator
 from http import client as http_client
 from pathlib import Path
 
-import numpy as np
 import redis
 
-from benchmarks import save
+from benchmarks import copies, save
 from benchmarks.core import machine
 from funnel.common.contracts.keys import Keys
 from funnel.scripts.stack import Stack
@@ -66,19 +71,13 @@ ZIPF_S = 1.1
 BATCH = 32
 
 
-def names(count: int) -> list[str]:
-    return [f"scorer-{i:02d}" for i in range(count)]
-
-
-def make_store(work: Path, count: int) -> Path:
-    """count copies of the toy scorer, the i-th with the i-th copy's weights."""
+def make_store(work: Path, args) -> tuple[Path, copies.Probes]:
+    """--models copies of --base, each with weights of its own, and what each answers the probes."""
     store = work / "store"
     store.mkdir()
-    for i, name in enumerate(names(count)):
-        done = toy_model.add_toy(store, work, name, "toyscore.tasks:VectorScore", "--batch-size", str(BATCH), seed=i)
-        if done.returncode != 0:
-            raise SystemExit(f"funnel add failed: {done.stderr}")
-    return store
+    if args.base == copies.TOY:
+        return store, copies.toy_copies(store, work, args.models, args.backend, BATCH)
+    return store, copies.model_copies(Path(args.store), args.base, store, args.models, args.device)
 
 
 def weights_of(traffic: str, count: int, resident: int) -> list[float]:
@@ -92,10 +91,8 @@ def weights_of(traffic: str, count: int, resident: int) -> list[float]:
 class Load:
     """Closed-loop clients, each on its own keep-alive connection, for a fixed time."""
 
-    def __init__(self, port: int, models: list[str], weights: list[float], vectors: list[list[float]], seed: int):
-        self.port, self.models, self.weights, self.vectors = port, models, weights, vectors
-        self.expected = {m: toy_model.expected_scores(np.array(vectors, np.float32), seed=i)
-                         for i, m in enumerate(models)}
+    def __init__(self, port: int, models: list[str], weights: list[float], probes: copies.Probes, seed: int):
+        self.port, self.models, self.weights, self.probes = port, models, weights, probes
         self.seed = seed
         self.latencies: list[float] = []
         self.failed = self.wrong = 0
@@ -116,9 +113,10 @@ class Load:
     def _client(self, rng: random.Random, end: float) -> None:
         conn = http_client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         while time.monotonic() < end:
-            model = rng.choices(self.models, self.weights)[0]
-            i = rng.randrange(len(self.vectors))
-            body = json.dumps({"input": self.vectors[i]})
+            copy = rng.choices(range(len(self.models)), self.weights)[0]
+            model = self.models[copy]
+            i = rng.randrange(len(self.probes.bodies))
+            body = json.dumps(self.probes.bodies[i])
             started = time.perf_counter()
             try:
                 conn.request("POST", f"/v1/models/{model}/predict", body, {"Content-Type": "application/json",
@@ -136,7 +134,7 @@ class Load:
                     self.failed += 1
                     continue
                 self.latencies.append(seconds)
-                if not np.allclose(answer["scores"], self.expected[model][i], atol=1e-5):
+                if not self.probes.right(copy, i, answer):
                     self.wrong += 1
         conn.close()
 
@@ -191,14 +189,18 @@ def kill_mid_load(stack: Stack, doomed, deadline: float) -> bool:
     return caught
 
 
-def cold_starts(stack: Stack, models: list[str], count: int, vector: list[float]) -> list[float]:
-    """Seconds to answer a request for a model not loaded, one at a time, count times: each asks the
-    model used longest ago (with at most `resident` loaded of len(models), never resident)."""
-    times = []
+def cold_starts(stack: Stack, models: list[str], count: int, probe: dict, budget_s: float) -> list[float]:
+    """Seconds to answer a request for a model not loaded, one at a time, count times or until budget_s
+    has passed: each asks the model used longest ago (with at most `resident` loaded of len(models),
+    never resident)."""
+    times: list[float] = []
+    end = time.monotonic() + budget_s
     for i in range(count):
+        if time.monotonic() > end:
+            break
         model = models[i % len(models)]
         started = time.perf_counter()
-        status, body, _ = http("POST", f"{stack.url}/v1/models/{model}/predict", json_body={"input": vector},
+        status, body, _ = http("POST", f"{stack.url}/v1/models/{model}/predict", json_body=probe,
                                headers={"X-Request-Timeout": "30"})
         if status != 200:
             raise RuntimeError(f"cold request to {model}: {status} {body}")
@@ -219,48 +221,54 @@ def machine_tag(device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.multiplex", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=int, default=20, help="copies of the toy scorer")
+    parser.add_argument("--models", type=int, default=20, help="copies of --base")
     parser.add_argument("--resident", type=int, default=3, help="the multi worker's --max-resident")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of each point's load")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="the workers' --device: cpu, cuda:N")
-    parser.add_argument("--backend", default="onnx", choices=["onnx"], help="the toy scorer is an ONNX graph")
-    parser.add_argument("--cold", type=int, default=40, help="cold-start requests")
+    parser.add_argument("--backend", default="onnx", choices=["onnx", "torch"],
+                        help="the workers' backend: onnx (the toy's ONNX graph) or torch (TorchScript)")
+    parser.add_argument("--base", default=copies.TOY,
+                        help="what the models are copies of: toy (the toy scorer), or a text model of --store "
+                             "with a TorchScript export, such as text-embedding (--backend torch)")
+    parser.add_argument("--store", default="model_store", help="the model store --base is read from")
+    parser.add_argument("--cold", type=int, default=40, help="cold-start requests (for at most --duration s)")
     parser.add_argument("--note", default="", help="a line about the machine, put under the table")
     args = parser.parse_args(argv)
     if not 0 < args.resident < args.models:
         parser.error("--resident is at least 1 and below --models")
-    models = names(args.models)
-    vectors = toy_model.vectors(64, seed=21)
+    if args.base != copies.TOY and args.backend != "torch":
+        parser.error("copies of a store's model are TorchScript: --base MODEL takes --backend torch")
+    models = copies.names(args.base, args.models)
     rows, cold = [], []
     with tempfile.TemporaryDirectory(prefix="funnel-multiplex-") as tmp:
         work = Path(tmp)
-        store = make_store(work, args.models)
+        store, probes = make_store(work, args)
         for traffic in ("resident", "uniform", "zipf"):
             weights = weights_of(traffic, args.models, args.resident)
             for deployment in ("multi", "dedicated"):
                 served = [m for m, w in zip(models, weights) if w > 0] if deployment == "dedicated" else models
                 log_dir = work / f"{traffic}-{deployment}"
                 with stack_for(deployment, store, models, served, args, log_dir) as stack:
-                    Load(stack.port, models, weights, vectors, seed=1).run(args.clients, 2.0)  # warm-up
+                    Load(stack.port, models, weights, probes, seed=1).run(args.clients, 2.0)  # warm-up
                     loads = loads_total(stack)
-                    load = Load(stack.port, models, weights, vectors, seed=2)
+                    load = Load(stack.port, models, weights, probes, seed=2)
                     rate = load.run(args.clients, args.duration)
                     per_minute = (loads_total(stack) - loads) / args.duration * 60
                     if deployment == "multi" and traffic == "uniform":
                         time.sleep(1.0)  # idle: what the load queued is answered
-                        cold = cold_starts(stack, models, args.cold, vectors[0])
+                        cold = cold_starts(stack, models, args.cold, probes.bodies[0], args.duration)
                 p50, p99 = percentiles_ms(load.latencies)
                 rows.append((traffic, deployment, len(served), rate, p50, p99, load.failed, load.wrong,
                              per_minute if deployment == "multi" else float("nan")))
                 print(rows[-1], flush=True)
-        killed = kill_point(store, models, vectors, args, work / "kill")
+        killed = kill_point(store, models, probes, args, work / "kill")
     report = render(rows, cold, killed, args)
     save(f"multiplex-{machine_tag(args.device)}", report)
     return 0
 
 
-def kill_point(store: Path, models: list[str], vectors: list[list[float]], args, log_dir: Path) -> dict:
+def kill_point(store: Path, models: list[str], probes: copies.Probes, args, log_dir: Path) -> dict:
     """Zipf traffic on two multi workers; one is killed (kill -9) mid-load halfway through: what the
     clients saw."""
     weights = weights_of("zipf", args.models, args.resident)
@@ -268,7 +276,9 @@ def kill_point(store: Path, models: list[str], vectors: list[list[float]], args,
         doomed = stack.start_worker(",".join(models), FUNNEL_MAX_RESIDENT=str(args.resident),
                                     FUNNEL_WORKER_ID="doomed", FUNNEL_HEARTBEAT_TTL_S="2")
         stack.wait_ready(120, expected=dict.fromkeys(models, 2))
-        load = Load(stack.port, models, weights, vectors, seed=3)
+        # Warm-up, as at every point: a worker's first load also imports its backend (torch: seconds).
+        Load(stack.port, models, weights, probes, seed=1).run(args.clients, 2.0)
+        load = Load(stack.port, models, weights, probes, seed=3)
         caught: list[bool] = []
         killer = threading.Thread(target=lambda: (time.sleep(args.duration / 2), caught.append(
             kill_mid_load(stack, doomed, time.monotonic() + args.duration / 4))))
@@ -280,13 +290,25 @@ def kill_point(store: Path, models: list[str], vectors: list[list[float]], args,
             "answered": len(load.latencies), "caught": bool(caught and caught[0])}
 
 
+def torch_of(args) -> str:
+    """The torch that ran the workers, and its GPU: what a torch run's figures depend on."""
+    if args.backend != "torch":
+        return ""
+    import torch
+
+    gpu = f" on {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
+    return f", torch {torch.__version__}{gpu}"
+
+
 def render(rows, cold: list[float], killed: dict, args) -> str:
     by = {(r[0], r[1]): r for r in rows}
-    lines = [f"# Many models on one worker: {args.models} copies of the toy scorer, at most {args.resident} "
-             "resident", "",
+    base = "" if args.base == copies.TOY else f" --base {args.base} --store {args.store}"
+    lines = [f"# Many models on one worker: {args.models} copies of {copies.describe(args.base, args.backend)}, "
+             f"at most {args.resident} resident", "",
              f"`python -m benchmarks.multiplex --models {args.models} --resident {args.resident} "
-             f"--duration {args.duration:g} --clients {args.clients} --device {args.device} --cold {args.cold}`", "",
-             f"Machine: {machine()}; device {args.device}.", "",
+             f"--duration {args.duration:g} --clients {args.clients} --device {args.device} --backend {args.backend}"
+             f"{base} --cold {args.cold}`", "",
+             f"Machine: {machine()}; device {args.device}{torch_of(args)}.", "",
              "| traffic | deployment | workers (models loaded) | req/s | of dedicated | p50 ms | p99 ms "
              "| not 200 | wrong | loads/min |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -71,8 +71,8 @@ class NoWorker(Unavailable):
 
 
 class ModelUnavailable(Unavailable):
-    """Every live worker of the model version failed to load it (a missing file, memory run out); they
-    try again after FUNNEL_LOAD_RETRY_S."""
+    """Every live worker of the model version failed to load it (a missing file, memory run out, a load
+    past FUNNEL_LOAD_TIMEOUT_S); they try again after FUNNEL_LOAD_RETRY_S."""
 
     code, retry_after = "model_unavailable", 30
 

@@ -58,6 +58,23 @@ def write_graph(path: Path, seed: int | None = None) -> None:
     onnx.save(model, str(path))
 
 
+def write_torchscript(path: Path, seed: int | None = None) -> None:
+    """The same scorer as a TorchScript module (for --backend torch): the graph's W and b as buffers."""
+    import torch
+
+    class Score(torch.nn.Module):
+        def __init__(self, w: torch.Tensor, b: torch.Tensor):
+            super().__init__()
+            self.register_buffer("w", w)
+            self.register_buffer("b", b)
+
+        def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(vectors @ self.w + self.b, dim=1)
+
+    w, b = weights(seed)
+    torch.jit.save(torch.jit.script(Score(torch.from_numpy(w), torch.from_numpy(b)).eval()), str(path))
+
+
 SCALE = 2.0
 
 
@@ -89,12 +106,17 @@ def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:VectorScore",
-            *extra: str, seed: int | None = None) -> subprocess.CompletedProcess:
+            *extra: str, seed: int | None = None, backend: str = "onnx") -> subprocess.CompletedProcess:
     """`funnel add` the toy scorer to store as `name` (extra: more of add's flags; seed: a copy whose
-    weights, and answers, differ)."""
-    write_graph(work / "toy.onnx", seed)
+    weights, and answers, differ; backend torch: its TorchScript export alone, no ONNX graph)."""
+    if backend == "torch":
+        write_torchscript(work / "toy.pt", seed)
+        graph = ["--torchscript", str(work / "toy.pt"), "--feeds", "vectors", "--outputs", "scores"]
+    else:
+        write_graph(work / "toy.onnx", seed)
+        graph = ["--onnx", str(work / "toy.onnx")]
     (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
-    return funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "toy.onnx"),
+    return funnel("add", name, "--store", str(store), "--task", task, *graph,
                   "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())
 
 

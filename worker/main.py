@@ -138,7 +138,8 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
     residency = Residency(client, keys, settings.worker_id,
                           [Model(spec, m.worker_id, m.stats, files_mb(spec))
                            for spec, m in zip(specs, heartbeat.members)],
-                          Limits(settings.max_resident, settings.max_resident_mb, settings.load_retry_s),
+                          Limits(settings.max_resident, settings.max_resident_mb, settings.load_retry_s,
+                                 settings.load_timeout_s),
                           lambda spec: loaded(settings, spec, device), heartbeat.beat)
     for member in heartbeat.members:
         member.live = functools.partial(residency.fields, member.worker_id)

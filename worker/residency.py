@@ -2,8 +2,9 @@
 
 Each model version it serves is in one state: cold (not loaded), loading (on
 the loader's thread, while the other models' batches go on), resident, or
-failed (its load raised: a missing file, memory run out; it is not tried again
-for FUNNEL_LOAD_RETRY_S, and its requests are answered 503 naming why). At
+failed (its load raised: a missing file, memory run out; or it outlasted
+FUNNEL_LOAD_TIMEOUT_S: it is not tried again for FUNNEL_LOAD_RETRY_S, and its
+requests are answered 503 naming why). At
 most FUNNEL_MAX_RESIDENT models are resident or loading at once, and at most
 FUNNEL_MAX_RESIDENT_MB of model files; to make room the least recently used
 resident model is unloaded, never one with a batch taken and not yet answered
@@ -18,7 +19,11 @@ that finds the claim held does not load the model for the same work. Once
 loaded the claim is left to lapse after CLAIM_KEPT_S, by when the registry
 (published at once) shows the model resident there. A worker killed mid-load
 leaves the claim to lapse within CLAIM_TTL_S and the jobs in their queue: a
-model's jobs are taken only once it is resident.
+model's jobs are taken only once it is resident. A load that hangs (a stalled
+network mount, a driver call that never returns) would keep its claim renewed
+forever: past FUNNEL_LOAD_TIMEOUT_S the taker gives it up, marks the model
+failed and releases the claim, so a peer may load it and this worker may load
+others. Python cannot stop the hung thread; what it returns, if ever, is dropped.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ class Model:
     retry_at: float = 0.0  # monotonic: when a failed model may be tried again
     used_at: float = 0.0  # monotonic: its last batch taken (the least recently used is unloaded first)
     pinned: int = 0  # batches taken and not yet answered
+    load_started: float = 0.0  # monotonic: when its load under way began
+    attempt: int = 0  # its loads begun; a load given up on is one behind, and its result is dropped
 
 
 @dataclass
@@ -74,6 +81,7 @@ class Limits:
     max_resident: int = 0  # 0: no limit
     max_resident_mb: float = 0.0  # 0: no limit
     retry_s: float = 60.0
+    load_timeout_s: float = 0.0  # 0: a load may take any time
 
 
 class Residency:
@@ -111,10 +119,31 @@ class Residency:
             self.models[member].pinned -= 1
 
     def renew(self) -> None:
-        """Keep the claim on the load under way (called every turn of the taker)."""
+        """Keep the claim on the load under way (called every turn of the taker), or give the load up
+        once it has outlasted the load timeout."""
         loading = self._loading
-        if loading is not None:
+        if loading is None:
+            return
+        timeout_s = self.limits.load_timeout_s
+        if timeout_s and time.monotonic() - loading.load_started > timeout_s:
+            self._give_up(loading, f"TimeoutError: the load took longer than {timeout_s:g} s "
+                                   "(FUNNEL_LOAD_TIMEOUT_S); given up")
+        else:
             self._hold_claim(loading, CLAIM_TTL_S)
+
+    def _give_up(self, model: Model, error: str) -> None:
+        """The load under way is over for this worker: the model failed, its claim released, the next load
+        free to start; its thread's result, if it ever comes, dropped (_run_load)."""
+        with self._lock:
+            if self._loading is not model or model.state != "loading":  # it ended meanwhile
+                return
+            model.state, model.error = "failed", error
+            model.retry_at = time.monotonic() + self.limits.retry_s
+            model.attempt += 1
+            self._loading = None
+        log.error("could not load %s version %d: %s", model.spec.name, model.spec.version, error)
+        self._hold_claim(model, 0)  # released: a peer may load it now
+        self._loaded()
 
     def load(self, member: str, spare: frozenset[str] = frozenset()) -> bool:
         """Start loading a cold model (or a failed one due for another try) on the loader's thread, making
@@ -133,7 +162,9 @@ class Residency:
             for victim in victims:
                 self._unload(victim)
             model.state, self._loading = "loading", model
-        threading.Thread(target=self._run_load, args=(model,), name=f"load {model.spec.name}", daemon=True).start()
+            model.load_started, model.attempt = time.monotonic(), model.attempt + 1
+        threading.Thread(target=self._run_load, args=(model, model.attempt), name=f"load {model.spec.name}",
+                         daemon=True).start()
         return True
 
     def due(self, member: str) -> bool:
@@ -164,7 +195,7 @@ class Residency:
         model.stats.add(evictions=1)
         log.info("unloaded %s version %d to make room", model.spec.name, model.spec.version)
 
-    def _run_load(self, model: Model) -> None:
+    def _run_load(self, model: Model, attempt: int) -> None:
         started = time.monotonic()
         try:
             loaded: Loaded | None = self._load(model.spec)
@@ -174,6 +205,10 @@ class Residency:
             log.error("could not load %s version %d: %s", model.spec.name, model.spec.version, error)
         seconds = time.monotonic() - started
         with self._lock:
+            if model.attempt != attempt:  # given up on at its timeout: the model is failed, another load free
+                log.warning("the load of %s version %d given up on ended after %.1f s; dropped",
+                            model.spec.name, model.spec.version, seconds)
+                return
             if loaded is not None:
                 model.loaded, model.state, model.error, model.used_at = loaded, "resident", "", time.monotonic()
                 model.stats.add(loads=1, load_seconds=seconds)

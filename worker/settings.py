@@ -46,6 +46,8 @@ class WorkerSettings(SharedSettings):
                                      "(a GPU's memory budget; 0: no limit)")
     cold_after_ms: float = setting(2000.0, "with several models: load a model another live worker holds once "
                                    "its work has waited this long here")
+    load_timeout_s: float = setting(600.0, "with several models: a load still under way after this long is "
+                                    "given up, the model failed as one whose load raised (0: no limit)")
     load_retry_s: float = setting(60.0, "with several models: a model that failed to load is answered 503 "
                                   "for this long before it is tried again")
     backend: str = setting("onnx", "inference backend", choices=["onnx", "torch"])

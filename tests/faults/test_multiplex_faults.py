@@ -3,7 +3,9 @@
 - killed (kill -9) while it loads one model and runs a batch of another: a peer loads the first once
   the dead loader's claim lapses, recovers the batch, and every request is answered once, correctly;
 - a model that fails to load (its file gone): its requests answered 503 `model_unavailable` naming
-  why within a second, the load not retried in a loop, the other models served.
+  why within a second, the load not retried in a loop, the other models served;
+- a load that hangs: given up at FUNNEL_LOAD_TIMEOUT_S, its requests answered 503 as above, its claim
+  released, the other models served.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from funnel.scripts.stack import Stack
 from tests import toy_model
 from tests.support import FAST_HEARTBEAT, PACED_ENV, Outcome, assert_each_answered_once, http, stray_replies, wait_for
 
-SLOW, PACED, FINE, BROKEN = "slow-load", "paced-copy", "fine-copy", "broken-copy"
+SLOW, PACED, FINE, BROKEN, HUNG = "slow-load", "paced-copy", "fine-copy", "broken-copy", "hung-load"
 LOAD_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A model slow to load, one slow to run, one fine, and one whose graph file is gone."""
+    """A model slow to load, one slow to run, one fine, one whose graph file is gone, and one whose load
+    hangs (an hour)."""
     store = tmp_path_factory.mktemp("multiplex-store")
     work = tmp_path_factory.mktemp("multiplex-work")
     for name, task, extra, seed in [
@@ -38,6 +41,7 @@ def store(tmp_path_factory):
                                               "--batch-size", "64"], 2),
         (FINE, "toyscore.tasks:VectorScore", [], 3),
         (BROKEN, "toyscore.tasks:VectorScore", [], 4),
+        (HUNG, "toyscore.tasks:SlowLoadScore", ["--set", "load_s=3600"], 5),
     ]:
         done = toy_model.add_toy(store, work, name, task, *extra, seed=seed)
         assert done.returncode == 0, done.stderr
@@ -115,3 +119,27 @@ def test_a_model_that_fails_to_load_is_503_at_once_and_the_others_are_served(sto
             assert ask(stack, BROKEN, vector)[0] == 503
         log = next(tmp_path.glob("worker-*.log")).read_text()
         assert log.count(f"could not load {BROKEN}") == 1, log
+
+
+def test_a_load_that_hangs_is_given_up_and_its_claim_released(store, tmp_path):
+    models = [FINE, HUNG]
+    env = {**PACED_ENV, "FUNNEL_MAX_RESIDENT": "2", "FUNNEL_LOAD_TIMEOUT_S": "1"}
+    with Stack(model_store=store, models=models, workers=[], worker_env=env, web_env=PACED_ENV,
+               log_dir=tmp_path) as stack:
+        stack.start_worker(",".join(models), FUNNEL_WORKER_ID="many")
+        stack.wait_ready(60, expected=dict.fromkeys(models, 1))
+        client, keys = redis.Redis.from_url(stack.redis_url), Keys()
+        vector = toy_model.vectors(1, seed=9)[0]
+        status, body, seconds = ask(stack, HUNG, vector, timeout_s=20)  # makes it load; the load hangs
+        assert status == 503 and body["error"]["code"] == "model_unavailable", body
+        assert "TimeoutError" in body["error"]["message"] and "FUNNEL_LOAD_TIMEOUT_S" in body["error"]["message"]
+        assert 1.0 <= seconds < 3.0, seconds  # the timeout, then a turn of the taker
+        assert not client.exists(keys.loading(HUNG))  # released: a peer may load it
+        member = registry.member_id("many", HUNG, 1)
+        assert client.hget(keys.worker(HUNG, member), "state") == b"failed"
+        status, body, _ = ask(stack, FINE, vector)  # loaded beside the hung thread, and served
+        assert status == 200
+        assert np.allclose(body["scores"], toy_model.expected_scores(np.array([vector], np.float32), seed=3)[0],
+                           atol=1e-5)
+        status, _, seconds = ask(stack, HUNG, vector)
+        assert status == 503 and seconds < 1.0  # refused at once now, not loaded again

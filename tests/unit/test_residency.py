@@ -23,16 +23,18 @@ def spec(name: str) -> ModelSpec:
 
 
 class Loader:
-    """Stands in for loading a model: answers at once, fails for names in `broken`, or waits for `gate`."""
+    """Stands in for loading a model: answers at once, fails for names in `broken`, or waits for `gate`
+    (only the loads of `hangs`, when it names any)."""
 
-    def __init__(self, broken: tuple[str, ...] = ()):
-        self.broken, self.calls = broken, []
+    def __init__(self, broken: tuple[str, ...] = (), hangs: tuple[str, ...] = ()):
+        self.broken, self.hangs, self.calls = broken, hangs, []
         self.gate = threading.Event()
         self.gate.set()
 
     def __call__(self, s: ModelSpec) -> Loaded:
         self.calls.append(s.name)
-        self.gate.wait(10)
+        if not self.hangs or s.name in self.hangs:
+            self.gate.wait(10)
         if s.name in self.broken:
             raise FileNotFoundError(f"no such file: {s.name}.onnx")
         return Loaded(task=object(), backend=object())  # type: ignore[arg-type]  # never run here
@@ -141,6 +143,42 @@ def test_a_model_that_fails_to_load_is_not_retried_in_a_loop(redis_client, keys)
     redis_client.delete(keys.loading("broken"))
     assert r.due("w1.broken.1") and load(r, "broken")
     assert loader.calls == ["broken", "fine", "broken"]
+
+
+def test_a_load_that_hangs_is_given_up_at_its_timeout(redis_client, keys):
+    loader = Loader(hangs=("hung",))
+    loader.gate.clear()  # the load of hung blocks until the gate opens
+    published = []
+    r = Residency(redis_client, keys, "w1", [Model(spec(n), f"w1.{n}.1", Stats(), 1.0) for n in ("hung", "fine")],
+                  Limits(2, load_timeout_s=0.3), loader, lambda: published.append(r.state("w1.hung.1")))
+    assert r.load("w1.hung.1")
+    r.renew()  # within its timeout: the claim is kept
+    assert r.state("w1.hung.1") == "loading" and redis_client.get(keys.loading("hung")) == b"w1"
+    assert not r.load("w1.fine.1")  # one load at a time
+    wait_for(lambda: r.renew() or r.state("w1.hung.1") == "failed", timeout_s=5, what="the load given up")
+    assert r.fields("w1.hung.1")["load_error"].startswith("TimeoutError: the load took longer than 0.3 s")
+    assert published == ["failed"]  # the heartbeat told at once
+    assert not redis_client.exists(keys.loading("hung"))  # released: a peer may load it now
+    assert r.loading is None and load(r, "fine")  # the next load is free, though the hung thread runs on
+    assert not r.due("w1.hung.1") and not r.load("w1.hung.1")  # not retried in a loop
+    hung = [t for t in threading.enumerate() if t.name == "load hung"]
+    loader.gate.set()  # the hung load returns at last: what it loaded is dropped
+    for thread in hung:
+        thread.join(5)
+    assert r.state("w1.hung.1") == "failed" and r.pin("w1.hung.1") is None
+    assert r.state("w1.fine.1") == "resident" and r.models["w1.hung.1"].stats.totals["loads"] == 0
+    assert loader.calls == ["hung", "fine"]
+
+
+def test_a_timeout_releases_only_its_own_claim(redis_client, keys):
+    loader = Loader()
+    loader.gate.clear()
+    r = residency(redis_client, keys, ["a"], limits=Limits(1, load_timeout_s=0.2), loader=loader)
+    assert r.load("w1.a.1")
+    redis_client.set(keys.loading("a"), "w2")  # lapsed and taken by a peer meanwhile (a stalled taker)
+    wait_for(lambda: r.renew() or r.state("w1.a.1") == "failed", timeout_s=5, what="the load given up")
+    assert redis_client.get(keys.loading("a")) == b"w2"  # the peer's claim stands
+    loader.gate.set()
 
 
 @pytest.mark.parametrize("states, cold_s, unavailable", [
