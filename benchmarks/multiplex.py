@@ -154,7 +154,8 @@ def loads_total(stack: Stack) -> float:
 @contextlib.contextmanager
 def stack_for(deployment: str, store: Path, models: list[str], served: list[str], args,
               log_dir: Path, heartbeat_ttl_s: str = "10") -> Iterator[Stack]:
-    env = {"PYTHONPATH": THIRD_PARTY}
+    # the toy package beside what the caller already put on the path (a GPU host's carried wheels)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [THIRD_PARTY, os.environ.get("PYTHONPATH")]))}
     worker_env = {**env, "FUNNEL_DEVICE": args.device, "FUNNEL_BACKEND": args.backend,
                   "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_SPINNING": "0", "FUNNEL_HEARTBEAT_TTL_S": heartbeat_ttl_s}
     workers = served if deployment == "dedicated" else []

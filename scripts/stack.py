@@ -119,7 +119,9 @@ class Stack(processes.Service):
 
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
         """A worker for `model`: NAME serves its highest version in the store, NAME:N version N."""
-        worker = self._spawn(f"worker-{model.replace(':', '-v')}-{len(self.workers)}", ["funnel.worker"],
+        first, *others = model.split(",")  # a multi-model worker's log is named by its first model
+        label = first.replace(":", "-v") + (f"-and-{len(others)}-more" if others else "")
+        worker = self._spawn(f"worker-{label}-{len(self.workers)}", ["funnel.worker"],
                              self.worker_environment(model, **env))
         self.workers.append(worker)
         return worker
