@@ -151,7 +151,7 @@ def test_workers_per_model_share_the_cores(model_store, tmp_path):
         for worker in stack.workers:
             environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
             assert b"FUNNEL_SPINNING=0" in environ and b"FUNNEL_INTRA_OP_THREADS=%d" % max(
-                1, (os.cpu_count() or 1) // 2) in environ
+                1, len(os.sched_getaffinity(0)) // 2) in environ
         answered_by = set()
         wait_for(lambda: answered_by.add(http("POST", f"{stack.url}/v1/models/{TEXT}/predict",
                                                    json_body={"text": "which worker?"})[1]["meta"]["worker"])
