@@ -9,12 +9,8 @@ on the CPU, slowly.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -155,43 +151,6 @@ class PowerOfTwoBatches:
         return {k: v[:n] for k, v in self.inner.run(feeds).items()}
 
 
-class WideWhenAlone:
-    """On a CPU whose cores several workers share, each with its share of them as threads: a run of
-    one item goes on a second session with every core's threads while no other run holds the cores.
-
-    A lone request is then as quick as with one worker on all the cores, and a busy host keeps the
-    shared layout (scripts/layout.py). Every run on this host's shared cores holds a lock on one
-    file (flock: released by the kernel if its worker dies): a narrow run shared, the wide run
-    exclusive, tried without waiting, so that a wide run never overlaps another run, and a narrow
-    run waits out a wide one (a single item's run) rather than fight it for the cores.
-    """
-
-    LOCK = Path(tempfile.gettempdir()) / "funnel-cpu-runs.lock"
-
-    def __init__(self, narrow: Backend, wide: Backend, lock: Path | None = None):
-        self.narrow, self.wide = narrow, wide
-        self.input_names, self.output_names = narrow.input_names, narrow.output_names
-        self.description = narrow.description + ", a lone item on every core"
-        self._fd = os.open(lock or self.LOCK, os.O_RDONLY | os.O_CREAT, 0o644)
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if len(next(iter(feeds.values()))) == 1:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass  # another run holds the cores: this one runs on its share
-            else:
-                try:
-                    return self.wide.run(feeds)
-                finally:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
-        try:
-            return self.narrow.run(feeds)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
@@ -203,10 +162,5 @@ def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning:
     model = BACKENDS[backend](spec, device, threads, spinning)
     if _cuda_index(device) is not None:
         model = PowerOfTwoBatches(model)
-    elif backend == "onnx" and 0 < threads < len(os.sched_getaffinity(0)):  # torch's threads are per process
-        try:
-            model = WideWhenAlone(model, OnnxBackend(spec, device, 0, spinning=True))
-        except OSError as exc:  # the lock file cannot be opened: every run on this worker's share
-            log.warning("runs stay on %d threads: %s", threads, exc)
     log.info("loaded %s with %s", spec.name, model.description)
     return model

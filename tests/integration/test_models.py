@@ -1,9 +1,6 @@
 """Both exported backends agree with the eager PyTorch model on real inputs; the int8 and fp16
 variants stay close to fp32."""
 
-import fcntl
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -174,29 +171,3 @@ def test_fp16_image_model_stays_close_to_fp32(backend, fp16_store, image_batch):
         feeds)["probabilities"]
     np.testing.assert_array_equal(fp16.argmax(axis=1), fp32.argmax(axis=1))
     np.testing.assert_allclose(fp16, fp32, atol=0.02)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
-def test_a_worker_on_its_share_of_the_cores_runs_a_lone_item_on_all_of_them(text_batch, tmp_path):
-    """A worker given one thread of a shared CPU runs a single item on a session of every core's
-    threads while no other run holds the cores, else on its own thread; both give the same rows."""
-    spec, feeds = text_batch
-    model = backends.load(spec, "onnx", "cpu", threads=1, spinning=False)
-    assert isinstance(model, backends.WideWhenAlone)
-    model = backends.WideWhenAlone(model.narrow, model.wide, tmp_path / "runs.lock")
-    used = []
-    for name in ("narrow", "wide"):
-        inner = getattr(model, name)
-        inner.run = (lambda run, name: lambda f: used.append(name) or run(f))(inner.run, name)
-    one = {name: value[:1] for name, value in feeds.items()}
-    alone = model.run(one)["embedding"]
-    batched = model.run(feeds)["embedding"]
-    assert used == ["wide", "narrow"]
-    other = open(tmp_path / "runs.lock")  # another worker's narrow run in progress
-    fcntl.flock(other, fcntl.LOCK_SH)
-    beside = model.run(one)["embedding"]
-    assert used[-1] == "narrow"
-    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and each run let go of the lock
-    np.testing.assert_allclose(alone[0], batched[0], atol=1e-5)
-    np.testing.assert_allclose(alone, beside, atol=1e-5)
-    assert not isinstance(backends.load(spec, "onnx", "cpu"), backends.WideWhenAlone)  # all the cores already
