@@ -17,26 +17,31 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from funnel.worker.settings import thread_count
+
 WORKERS_ON_CPU = 2  # worker processes per model on a CPU-only host with at least two cores
 
 
 @dataclass(frozen=True)
 class Layout:
     workers_per_model: int
-    threads: int  # each worker's intra-op threads (0: the library's default, all the cores)
+    threads: int  # each worker's intra-op threads here (0: the library's default, all the cores)
     spinning: bool  # whether the model's threads spin-wait between the steps of a run
 
     def worker_env(self) -> dict[str, str]:
-        """The FUNNEL_* settings that give a worker this layout (none for the settings' defaults)."""
+        """The FUNNEL_* settings that give a worker this layout (none for the settings' defaults): its
+        share of the cores as 1/K, which each worker counts where it runs, as a container does."""
         if self.workers_per_model == 1 and not self.threads:
             return {}
-        return {"FUNNEL_INTRA_OP_THREADS": str(self.threads), "FUNNEL_SPINNING": "1" if self.spinning else "0"}
+        return {"FUNNEL_INTRA_OP_THREADS": f"1/{self.workers_per_model}",
+                "FUNNEL_SPINNING": "1" if self.spinning else "0"}
 
-    def given(self, worker_env: Mapping[str, str]) -> Layout:
+    def given(self, worker_env: Mapping[str, str], cores: int) -> Layout:
         """This layout as the workers' settings leave it (the user's FUNNEL_INTRA_OP_THREADS and
         FUNNEL_SPINNING win)."""
         spinning = worker_env.get("FUNNEL_SPINNING", "1" if self.spinning else "0")
-        return replace(self, threads=int(worker_env.get("FUNNEL_INTRA_OP_THREADS", self.threads)),
+        threads = worker_env.get("FUNNEL_INTRA_OP_THREADS")
+        return replace(self, threads=self.threads if threads is None else thread_count(threads, cores),
                        spinning=spinning.lower() in ("1", "true", "yes", "on"))
 
     def describe(self, cores: int, device: str, web_processes: int) -> str:

@@ -74,7 +74,7 @@ class Stack(processes.Service):
         self.worker_models = ([m for m in self.models for _ in range(self.layout.workers_per_model)]
                               if workers is None else workers)
         self.worker_env = {**self.layout.worker_env(), **(worker_env or {})}
-        self.layout = self.layout.given(self.worker_env)  # what the workers get, the user's settings included
+        self.layout = self.layout.given(self.worker_env, layout.cores())  # the user's settings included
         self.model_env = model_env or {}  # model -> settings for its workers (of any version) alone, over worker_env
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)

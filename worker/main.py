@@ -54,7 +54,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
         return
-    model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
+    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning)
     batch_size = settings.batch_size or spec.batch_size
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
     heartbeat = Heartbeat(client, keys, settings.worker_id, {
