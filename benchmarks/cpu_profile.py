@@ -86,6 +86,9 @@ def report(before: dict, after: dict, requests: int, names: dict[int, dict[int, 
     lines.append(f"| web, all processes | {sum(web.values()) * per:.3f} |")
     lines += [f"| web process {pid} | {ticks * per:.3f} |" for pid, ticks in web.items() if ticks]
     lines.append(f"| Redis | {(after['redis'] - before['redis']) * per:.3f} |")
+    workers = sum(ticks - before["workers"][pid].get(tid, 0) for pid, threads in after["workers"].items()
+                  for tid, ticks in threads.items())
+    lines.append(f"| workers, all | {workers * per:.3f} |")
     for pid, threads in after["workers"].items():
         used = {tid: ticks - before["workers"][pid].get(tid, 0) for tid, ticks in threads.items()}
         lines.append(f"| worker {pid}, all threads | {sum(used.values()) * per:.3f} |")
@@ -167,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile every Python thread (slower)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--ceiling", action="store_true",
-                        help="first, the model in process: CPU per item at batch 1 and its batch size, 1 thread and all")
+                        help="first, the model in process: CPU per item at batch 1 and at its batch size, "
+                             "on 1 thread and on all the cores")
     args = parser.parse_args(argv)
     if args.ceiling:
         print("\n".join(ceiling(args.model)), flush=True)
