@@ -15,7 +15,8 @@ Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after 
             (batch 32, max latency 20 ms), its own private Redis
   litserve  LitServe, max_batch_size 32, batch_timeout 0.02 s
   funnel    funnel.scripts.stack.Stack with default settings (what `make up` starts), serving this model
-  funnel-cores  the same with a worker per core (`funnel up --workers-per-model <cores>`; CPU only)
+  funnel-one    the same with one worker for the model, its threads on all the cores (`funnel up
+                --workers-per-model 1`, the layout before scripts/layout.py; CPU only)
 --web-processes N gives every web tier N processes (gunicorn -w N, LitServe num_api_servers=N,
 FUNNEL_PROCESSES=N); --device cuda:N puts every model (peers, ceiling, Funnel's worker) on that GPU.
 
@@ -97,8 +98,8 @@ def parse_args(argv):
     args.model_list = [m for m in args.models.split(",") if m]
     args.suites = [s for s in args.suite.split(",") if s]
     args.system_list = [s for s in args.systems.split(",") if s]
-    if args.device != "cpu" and "--systems" not in (argv or sys.argv):  # a worker per core is a CPU host's layout
-        args.system_list.remove("funnel-cores")
+    if args.device != "cpu" and "--systems" not in (argv or sys.argv):  # one worker is the default on a GPU
+        args.system_list.remove("funnel-one")
     args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
     for name, values, known in (("model", args.model_list, MODELS),
                                 ("suite", args.suites, ("same", "default")),

@@ -12,7 +12,7 @@ MODELS = (TEXT, IMAGE)
 SENTENCE = "A man is eating a piece of bread while the girl is carrying a baby."
 CAT_CLASSES = range(281, 286)  # ImageNet's domestic cats; chelsea is 285 "Egyptian cat"
 OPENAI_SHAPED = ("infinity", "ray")  # peers that take and answer OpenAI's embeddings shape
-MANY_TEXTS = ("funnel", "funnel-cores", *OPENAI_SHAPED)  # take several sentences a request
+MANY_TEXTS = ("funnel", "funnel-one", *OPENAI_SHAPED)  # take several sentences a request
 
 
 @dataclass

@@ -20,7 +20,7 @@ from benchmarks.payloads import Payload, check_answer, post
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.scripts.stack import Stack
 
-SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "infinity", "ray", "funnel", "funnel-cores")
+SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "infinity", "ray", "funnel", "funnel-one")
 PEERS = ("flask", "streamer", "litserve", "infinity", "ray")
 EMBEDDING_PEERS = ("infinity", "ray")  # the text model only, in PyTorch, from their own environment (PEERS_VENV)
 LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
@@ -31,7 +31,7 @@ LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "infinity": "infinity (torch engine, batch 32)",
     "ray": "Ray Serve @serve.batch, one replica",
     "funnel": "Funnel (defaults)",
-    "funnel-cores": "Funnel (a worker per core)",
+    "funnel-one": "Funnel (one worker on all the cores)",
 }
 READY_TIMEOUT_S = 240.0
 
@@ -41,7 +41,7 @@ def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
     if suite == "same":
         return [("ceiling", backend), ("flask", backend), ("streamer", backend),
                 ("litserve", backend), ("infinity", "eager"), ("ray", "eager"), ("funnel", backend),
-                ("funnel-cores", backend)]
+                ("funnel-one", backend)]
     return [("ceiling", "eager"), ("ceiling", "onnx"), ("flask", "eager"), ("streamer", "eager"),
             ("litserve", "eager"), ("funnel", "onnx")]
 
@@ -210,12 +210,12 @@ def start_ray(model: str, impl: str, args, workdir: Path) -> Running:
     return running
 
 
-def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_model: int = 1) -> Running:
-    # What `make up` starts (funnel.scripts.stack), default settings, serving the benchmarked model only;
-    # funnel-cores: `funnel up --workers-per-model <cores>`.
+def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_model: int | None = None) -> Running:
+    # What `make up` starts (funnel.scripts.stack), default settings (the layout scripts/layout.py chooses
+    # for this host), serving the benchmarked model only; funnel-one: `funnel up --workers-per-model 1`.
     web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
     web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
-    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model}",
+    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model or 'default'}",
                   web_env=web_env, worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device},
                   workers_per_model=workers_per_model)
     stack.start(timeout_s=READY_TIMEOUT_S)
@@ -228,7 +228,7 @@ def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_mode
 STARTERS = {"flask": start_flask, "streamer": start_streamer, "litserve": start_litserve,
             "infinity": start_infinity, "ray": start_ray,
             "funnel": start_funnel,
-            "funnel-cores": functools.partial(start_funnel, workers_per_model=os.cpu_count() or 1)}
+            "funnel-one": functools.partial(start_funnel, workers_per_model=1)}
 
 
 def wait_ready(running: Running, model: str, data: Payload) -> None:

@@ -57,7 +57,9 @@ class WorkerSettings(SharedSettings):
     batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
     linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand; the worker waits only "
                                "while the next job is expected sooner than a batch's fixed cost")
-    intra_op_threads: int = setting(0, "intra-op threads for the backend (0: library default)")
+    intra_op_threads: str = setting("0", "intra-op threads for the backend: N, or 1/K for a K-th of the cores "
+                                    "this worker may run on (K workers sharing them; at least one); 0: the "
+                                    "library's default")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
     bulk_share: float = setting(0.25, "share of each batch's places that items of async and bulk jobs get "
                                 "while interactive requests wait too (kept as credit across batches, "
@@ -89,6 +91,10 @@ class WorkerSettings(SharedSettings):
                 raise SystemExit(f"funnel-worker: --model {model!r}: {exc}") from None
         if loaded.max_resident < 0 or loaded.max_resident_mb < 0:
             raise SystemExit("funnel-worker: --max-resident and --max-resident-mb are at least 0")
+        try:
+            loaded.threads()
+        except ValueError as exc:
+            raise SystemExit(f"funnel-worker: --intra-op-threads {loaded.intra_op_threads!r}: {exc}") from None
         loaded.worker_id = loaded.worker_id or default_worker_id()
         return loaded
 
@@ -99,3 +105,20 @@ class WorkerSettings(SharedSettings):
                    if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)]
         named = {model_and_version(m)[0] for m in self.model}
         return [*dict.fromkeys(self.model), *(name for name in matched if name not in named)]
+
+    def threads(self) -> int:
+        """The backend's intra-op threads on the cores this worker may run on (0: the library's default)."""
+        return thread_count(self.intra_op_threads, len(os.sched_getaffinity(0)))
+
+
+def thread_count(text: str | int, cores: int) -> int:
+    """FUNNEL_INTRA_OP_THREADS's N, or 1/K as a K-th of `cores` (at least one)."""
+    text = str(text).strip()
+    if text.startswith("1/"):
+        share = int(text[2:])
+        if share < 1:
+            raise ValueError("1/K takes a K of at least 1")
+        return max(1, cores // share)
+    if not text.isdigit():
+        raise ValueError("not a number of threads, nor 1/K")
+    return int(text)

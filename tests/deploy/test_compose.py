@@ -222,7 +222,9 @@ def test_workers_reserve_gpus_by_default_and_not_on_cpu():
         assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
         assert gpu[worker]["environment"]["FUNNEL_DEVICE"] == "auto"
         assert cpu[worker]["build"]["target"] == "cpu"
-        assert "deploy" not in cpu[worker]
+        assert cpu[worker]["deploy"] == {"replicas": 2}  # sharing the cores, as funnel up lays them out
+        assert (cpu[worker]["environment"]["FUNNEL_INTRA_OP_THREADS"], cpu[worker]["environment"]["FUNNEL_SPINNING"]) \
+            == ("1/2", "0")
         assert cpu[worker]["environment"]["FUNNEL_DEVICE"] == "cpu"
     for services in (gpu, cpu):
         for worker in WORKERS:  # --scale needs both
@@ -231,7 +233,8 @@ def test_workers_reserve_gpus_by_default_and_not_on_cpu():
 
 
 def test_cpu_file_is_the_gpu_file_on_the_cpu():
-    """Two whole files (Compose cannot drop a reservation in an override): keep them in step."""
+    """Two whole files (Compose cannot drop a reservation in an override): keep them in step. On the
+    CPU each worker's two replicas share the cores."""
     gpu = load_compose("docker-compose.yml", CLEAN_ENV)
     cpu = load_compose("docker-compose.cpu.yml", CLEAN_ENV)
     for worker in (*WORKERS, "worker-many"):
@@ -239,8 +242,9 @@ def test_cpu_file_is_the_gpu_file_on_the_cpu():
         service["build"]["target"] = "cpu"
         assert service["image"] == "funnel-worker:cuda"
         service["image"] = "funnel-worker:cpu"
-        del service["deploy"]
+        service["deploy"] = {"replicas": 2}
         service["environment"]["FUNNEL_DEVICE"] = "cpu"
+        service["environment"].update(FUNNEL_INTRA_OP_THREADS="1/2", FUNNEL_SPINNING="0")
         del service["environment"]["FUNNEL_DEVICES"]
     assert gpu == cpu
 

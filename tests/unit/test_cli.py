@@ -112,8 +112,8 @@ def test_funnel_up_serves_each_models_highest_version_and_a_worker_may_name_one(
     for version in (1, 3):  # a versioned entry: its workers load the highest version at their start
         (tmp_path / "text-embedding" / str(version)).mkdir(parents=True)
         (tmp_path / "text-embedding" / str(version) / "model.json").write_text("{}")
-    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=8", "--no-front-door"],
-                     environ={})
+    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=8", "--no-front-door",
+                      "--workers-per-model", "1"], environ={})
     assert up.models == up.worker_models == ["image-classifier", "text-embedding"]
     assert {m: w.model for m, w in worker_settings(up).items()} == {m: [m] for m in up.models}
     # NAME:N starts a worker of version N, with the model's own settings.
