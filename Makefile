@@ -36,7 +36,7 @@ lint: install
 	cd .lint && MYPYPATH=. ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p funnel.common -p funnel.web -p funnel.worker
 	$(VENV)/bin/lint-imports
 
-# Funnel against service-streamer, LitServe and plain Flask (benchmarks/README.md), both models,
+# Funnel against service-streamer, LitServe, plain Flask, infinity and Ray Serve (benchmarks/README.md), both models,
 # both comparisons; about 70 minutes on 2 cores. The peers (pyproject's bench extra) are installed
 # into .venv once. Smoke check: make bench BENCH_ARGS=--quick. Core numbers: python -m benchmarks.core
 bench: models

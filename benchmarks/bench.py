@@ -15,7 +15,8 @@ Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after 
             (batch 32, max latency 20 ms), its own private Redis
   litserve  LitServe, max_batch_size 32, batch_timeout 0.02 s
   funnel    funnel.scripts.stack.Stack with default settings (what `make up` starts), serving this model
-  funnel-cores  the same with a worker per core (`funnel up --workers-per-model <cores>`; CPU only)
+  funnel-one    the same with one worker for the model, its threads on all the cores (`funnel up
+                --workers-per-model 1`, the layout before scripts/layout.py; CPU only)
 --web-processes N gives every web tier N processes (gunicorn -w N, LitServe num_api_servers=N,
 FUNNEL_PROCESSES=N); --device cuda:N puts every model (peers, ceiling, Funnel's worker) on that GPU.
 
@@ -49,9 +50,9 @@ from pathlib import Path
 from benchmarks import RESULTS, ROOT
 from benchmarks.machine import gpu_name, loadavg, machine, version
 from benchmarks.measure import run_ceiling, run_system
-from benchmarks.payloads import MODELS, cat_jpeg, payload
+from benchmarks.payloads import MANY_TEXTS, MODELS, TEXT, cat_jpeg, payload
 from benchmarks.report import write_report
-from benchmarks.systems import LABELS, SYSTEMS, systems_of
+from benchmarks.systems import EMBEDDING_PEERS, LABELS, SYSTEMS, systems_of
 
 
 def parse_args(argv):
@@ -75,6 +76,9 @@ def parse_args(argv):
                         help="answers sampled at 32 clients for Funnel's batch-size distribution")
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 2 s per point, 1 and 32 clients, 1 round")
+    parser.add_argument("--texts", type=int, default=1,
+                        help="sentences a request (text only; > 1: Funnel, infinity and Ray Serve), e.g. 32 at "
+                             "--concurrency 4, where a server's per-request cost is amortised")
     parser.add_argument("--keep-logs", action="store_true", help="keep the systems' logs and wrk outputs")
     parser.add_argument("--device", default="cpu",
                         help="cpu or cuda:N: where every system runs the model (peers, ceiling, Funnel)")
@@ -94,8 +98,8 @@ def parse_args(argv):
     args.model_list = [m for m in args.models.split(",") if m]
     args.suites = [s for s in args.suite.split(",") if s]
     args.system_list = [s for s in args.systems.split(",") if s]
-    if args.device != "cpu" and "--systems" not in (argv or sys.argv):  # a worker per core is a CPU host's layout
-        args.system_list.remove("funnel-cores")
+    if args.device != "cpu" and "--systems" not in (argv or sys.argv):  # one worker is the default on a GPU
+        args.system_list.remove("funnel-one")
     args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
     for name, values, known in (("model", args.model_list, MODELS),
                                 ("suite", args.suites, ("same", "default")),
@@ -103,6 +107,8 @@ def parse_args(argv):
         unknown = [v for v in values if v not in known]
         if unknown:
             parser.error(f"unknown {name} {unknown}; known: {', '.join(known)}")
+    if args.texts > 1 and (args.model_list != [TEXT] or set(args.system_list) - set(MANY_TEXTS)):
+        parser.error(f"--texts {args.texts}: --models {TEXT} and --systems of {', '.join(MANY_TEXTS)} only")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         parser.error(f"--device {args.device!r}: cpu or cuda:N")
     if args.web_processes is not None and args.web_processes < 1:
@@ -157,7 +163,7 @@ def measure_model(model: str, args, workdir: Path, jpeg: bytes, log) -> list[dic
     """Every round of every system serving this model: rounds[r][suite][system:impl] = one run's result."""
     rounds: list[dict] = []
     plan = [(suite, pair) for suite in args.suites for pair in systems_of(suite, args.backend)
-            if pair[0] in args.system_list]
+            if pair[0] in args.system_list and (model == TEXT or pair[0] not in EMBEDDING_PEERS)]
     distinct = {pair for _, pair in plan}
     servers = sum(1 for s, _ in distinct if s != "ceiling")
     estimate = args.rounds * (
@@ -179,7 +185,7 @@ def measure_model(model: str, args, workdir: Path, jpeg: bytes, log) -> list[dic
             shared = [s for s, p in plan if p == (system, impl)]
             print(f"[{model} round {r + 1}/{args.rounds}] {LABELS[system]} ({impl}); "
                   f"load average {loadavg()}", flush=True)
-            data = payload(model, system, jpeg)
+            data = payload(model, system, jpeg, args.texts)
             if system == "ceiling":
                 result = run_ceiling(model, impl, args, workdir, data, log)
                 print(f"    batch 1 {result['batch1']:.1f}, batch 32 {result['batch32']:.1f}, "

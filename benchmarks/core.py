@@ -40,10 +40,14 @@ wrk.body = '{body}'
 
 
 def machine() -> str:
-    import onnxruntime
+    try:  # absent where torch alone runs the models (a GPU machine without onnxruntime)
+        import onnxruntime
 
+        runtime = f"onnxruntime {onnxruntime.__version__}, "
+    except ImportError:
+        runtime = ""
     return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"onnxruntime {onnxruntime.__version__}, {platform.system()} {platform.release()}")
+            f"{runtime}{platform.system()} {platform.release()}")
 
 
 def latency_ms(url: str, n: int, **request) -> tuple[float, float]:

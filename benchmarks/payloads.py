@@ -11,6 +11,8 @@ TEXT, IMAGE = "text-embedding", "image-classifier"
 MODELS = (TEXT, IMAGE)
 SENTENCE = "A man is eating a piece of bread while the girl is carrying a baby."
 CAT_CLASSES = range(281, 286)  # ImageNet's domestic cats; chelsea is 285 "Egyptian cat"
+OPENAI_SHAPED = ("infinity", "ray")  # peers that take and answer OpenAI's embeddings shape
+MANY_TEXTS = ("funnel", "funnel-one", *OPENAI_SHAPED)  # take several sentences a request
 
 
 @dataclass
@@ -37,7 +39,17 @@ def multipart(field_name: str, filename: str, data: bytes, content_type: str) ->
     return body, f"multipart/form-data; boundary={boundary}"
 
 
-def payload(model: str, system: str, jpeg: bytes) -> Payload:
+def payload(model: str, system: str, jpeg: bytes, texts: int = 1) -> Payload:
+    """What a request carries: one sentence or the cat; `texts` > 1, that many sentences (text only,
+    to Funnel and the peers that take a list: MANY_TEXTS)."""
+    words = len(SENTENCE.split())
+    if model == TEXT and texts > 1:
+        key = "input" if system in OPENAI_SHAPED else "texts"
+        return Payload(json.dumps({"model": TEXT, key: [SENTENCE] * texts}).encode(), "application/json",
+                       f"JSON {{\"{key}\": [...]}}, {texts} {words}-word sentences")
+    if model == TEXT and system in OPENAI_SHAPED:
+        return Payload(json.dumps({"model": TEXT, "input": SENTENCE}).encode(), "application/json",
+                       f"JSON {{\"input\": ...}} (OpenAI's shape), one {words}-word sentence")
     if model == TEXT:
         return Payload(json.dumps({"text": SENTENCE}).encode(), "application/json",
                        f"JSON {{\"text\": ...}}, one {len(SENTENCE.split())}-word sentence")
@@ -56,7 +68,8 @@ def check_answer(model: str, status: int, body: bytes) -> str | None:
     except ValueError:
         return f"not JSON: {body[:200]!r}"
     if model == TEXT:
-        vector = answer.get("embedding")
+        first = (answer.get("data") or answer.get("results") or [answer])[0]
+        vector = first.get("embedding")
         if not isinstance(vector, list) or len(vector) != 384:
             return f"no 384-d embedding: {str(answer)[:200]}"
         if abs(math.sqrt(sum(x * x for x in vector)) - 1) > 1e-3:

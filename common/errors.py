@@ -70,6 +70,16 @@ class NoWorker(Unavailable):
         super().__init__(f"no live worker serves {model} version {version}; retry when one has started")
 
 
+class ModelUnavailable(Unavailable):
+    """Every live worker of the model version failed to load it (a missing file, memory run out, a load
+    past FUNNEL_LOAD_TIMEOUT_S); they try again after FUNNEL_LOAD_RETRY_S."""
+
+    code, retry_after = "model_unavailable", 30
+
+    def __init__(self, model: str, version: int, why: str):
+        super().__init__(f"{model} version {version} could not be loaded: {why}")
+
+
 class Timeout(FunnelError):
     status, code = 504, "timeout"
 
@@ -80,4 +90,4 @@ class InferenceFailed(FunnelError):
 
 # Error codes a worker may put in a reply, and the HTTP status each becomes.
 REPLY_STATUS = {"bad_input": 400, "deadline_exceeded": 504, "too_many_attempts": 500,
-                "inference_failed": 500, "bad_job": 500}
+                "inference_failed": 500, "bad_job": 500, "model_unavailable": 503}

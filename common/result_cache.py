@@ -20,6 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from funnel.common.contracts.wire import Reply, WireError, decode_reply
@@ -58,13 +59,17 @@ class CachePolicy:
         return owner[:SCOPE_CHARS] if owner and not self.shared else SHARED
 
 
-def digest(inputs: dict[str, np.ndarray], raw: bool) -> str:
-    """128 bits of BLAKE2b over an item's named tensors as the model is fed them."""
+def digest(inputs: dict[str, np.ndarray], raw: bool, context: dict[str, Any] | None = None) -> str:
+    """128 bits of BLAKE2b over an item's named tensors as the model is fed them, and its context
+    where the task's result reads one (a letterbox's scale: one picture at two sizes feeds the same
+    pixels but answers different boxes); raw rows do not read it."""
     h = hashlib.blake2b(b"raw" if raw else b"result", digest_size=16)
     for name in sorted(inputs):
         array = np.ascontiguousarray(inputs[name])
         h.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
         h.update(array.data)
+    if context is not None and not raw:
+        h.update(b"\0context\0" + msgpack.packb(context, use_bin_type=True))
     return h.hexdigest()
 
 

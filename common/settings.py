@@ -81,6 +81,7 @@ def load(cls: type[T], argv: list[str] | None = None,
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    defaults: dict[str, Any] = {}  # repeatable flags' values when none is given
     for field in dataclasses.fields(cls):
         if not field.init:
             continue
@@ -99,8 +100,14 @@ def load(cls: type[T], argv: list[str] | None = None,
         if hints[field.name] is bool:
             parser.add_argument(flag, default=default, help=help_text,
                                 action=argparse.BooleanOptionalAction)
+        elif field.metadata.get("repeat"):  # a list flag given again adds to it: --model a --model b
+            parser.add_argument(flag, default=None, type=parse, help=help_text, action="extend")
+            defaults[field.name] = default
         else:
             parser.add_argument(flag, default=default, type=parse, help=help_text,
                                 choices=field.metadata.get("choices"))
-    args = parser.parse_args(argv)
-    return cls(**vars(args))
+    args = vars(parser.parse_args(argv))
+    for name, default in defaults.items():  # flags not given: the variable's, or the default
+        if args[name] is None:
+            args[name] = default
+    return cls(**args)

@@ -1,6 +1,6 @@
 """`funnel <command>`: one entry point for everything Funnel runs.
 
-    funnel up        Redis, the web tier, the gRPC service and one worker per model (what `make up` runs)
+    funnel up        Redis, the web tier, the gRPC service and the workers (what `make up` runs)
     funnel web       the web tier alone (also `funnel-web`)
     funnel grpc      the Open Inference Protocol's gRPC service alone (also `funnel-grpc`)
     funnel worker    one worker daemon (also `funnel-worker`)
@@ -25,7 +25,7 @@ from funnel.scripts.entry import PREPARE, WEB, WORKER
 # command -> (module, help, the extras it needs); imported only when chosen, so `funnel inspect`
 # never loads torch.
 COMMANDS: dict[str, tuple[str, str, tuple[entry.Extra, ...]]] = {
-    "up": ("funnel.scripts.stack", "Redis, the web tier, the gRPC service and one worker per model",
+    "up": ("funnel.scripts.stack", "Redis, the web tier, the gRPC service and the workers for each model",
            (WEB, WORKER)),
     "web": ("funnel.web.server", "the web tier (gunicorn + Flask)", (WEB,)),
     "grpc": ("funnel.web.grpc.server", "the Open Inference Protocol over gRPC (port 8001)", (WEB,)),

@@ -133,8 +133,18 @@ def summary(client: redis.Redis, keys: Keys) -> str:
         lines.append(f"  {worker_id}: {info.get('model')} {info.get('backend')} {info.get('device')} "
                      f"batch {info.get('batch_size')} | version {registry.version_of(info)} | speaks wire "
                      f"{registry.job_format(info)}{', lanes' if registry.takes_lanes(info) else ''} | {totals} "
-                     f"| seen {seen:.1f} s ago")
+                     f"| seen {seen:.1f} s ago{held(info)}")
     return "\n".join(lines)
+
+
+def held(info: dict[str, str]) -> str:
+    """A worker of several models' member: its worker, the model's state there, its loads and evictions."""
+    if "process" not in info:
+        return ""
+    error = registry.load_error(info)
+    return (f" | of worker {info['process']}: {info.get('state')}{f' ({error})' if error else ''}, loads "
+            f"{registry.counter(info, 'loads'):g}, evictions {registry.counter(info, 'evictions'):g}, "
+            f"load {registry.load_s(info):.2f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

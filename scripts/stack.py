@@ -1,5 +1,5 @@
-"""`funnel up`: the whole stack as plain processes: Redis, the web tier, the gRPC service, one worker
-per model.
+"""`funnel up`: the whole stack as plain processes: Redis, the web tier, the gRPC service, the workers
+for each model (as many as suit the host's cores, scripts/layout.py, unless told).
 
 `make up` runs this; the end-to-end tests and benchmarks use the Stack class
 to start exactly what a user starts. Each worker serves its model's highest
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from funnel.common import settings
 from funnel.common.store import list_models
-from funnel.scripts import processes
+from funnel.scripts import layout, processes
 from funnel.scripts.front_door import FrontDoor, nginx_binary
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.web.settings import WebSettings
@@ -58,7 +58,7 @@ class Stack(processes.Service):
                  model_store: str | Path = "model_store", models: list[str] | None = None,
                  worker_env: dict[str, str] | None = None, web_env: dict[str, str] | None = None,
                  redis_port: int | None = None, log_dir: Path | None = None,
-                 workers: list[str] | None = None, front_door: bool = False, workers_per_model: int = 1,
+                 workers: list[str] | None = None, front_door: bool = False, workers_per_model: int | None = 1,
                  model_env: dict[str, dict[str, str]] | None = None, grpc_port: int | None = None):
         self.port = port or free_port()
         self.grpc_port = grpc_port  # the gRPC service's (funnel-grpc), started with the web tier; None: none
@@ -68,15 +68,13 @@ class Stack(processes.Service):
         self.wants_front_door = front_door
         self.model_store = str(Path(model_store).resolve())
         self.models = models or list_models(self.model_store)
-        # One worker per model unless told: workers_per_model N, or the models each worker is for.
-        self.worker_models = [m for m in self.models for _ in range(workers_per_model)] if workers is None else workers
-        self.worker_env = worker_env or {}
-        if workers_per_model > 1:
-            # Workers sharing a host's cores: each takes its share of them, and none spin-waits on
-            # cores the others (and the web tier) need. Single-threaded sessions side by side did
-            # more per core than one session on all of them (benchmarks/README.md).
-            self.worker_env = {"FUNNEL_INTRA_OP_THREADS": str(max(1, (os.cpu_count() or 1) // workers_per_model)),
-                               "FUNNEL_SPINNING": "0", **self.worker_env}
+        # workers_per_model N (None: what suits this host's cores, scripts/layout.py), each with its
+        # share of the cores' threads; or the models each worker is for.
+        self.layout = layout.choose(layout.cores(), (worker_env or {}).get("FUNNEL_DEVICE", "cpu"), workers_per_model)
+        self.worker_models = ([m for m in self.models for _ in range(self.layout.workers_per_model)]
+                              if workers is None else workers)
+        self.worker_env = {**self.layout.worker_env(), **(worker_env or {})}
+        self.layout = self.layout.given(self.worker_env, layout.cores())  # the user's settings included
         self.model_env = model_env or {}  # model -> settings for its workers (of any version) alone, over worker_env
         self.web_env = web_env or {}
         self.redis = None if redis_url else LocalRedis(port=redis_port)
@@ -119,7 +117,9 @@ class Stack(processes.Service):
 
     def start_worker(self, model: str, **env: str) -> subprocess.Popen:
         """A worker for `model`: NAME serves its highest version in the store, NAME:N version N."""
-        worker = self._spawn(f"worker-{model.replace(':', '-v')}-{len(self.workers)}", ["funnel.worker"],
+        first, *others = model.split(",")  # a multi-model worker's log is named by its first model
+        label = first.replace(":", "-v") + (f"-and-{len(others)}-more" if others else "")
+        worker = self._spawn(f"worker-{label}-{len(self.workers)}", ["funnel.worker"],
                              self.worker_environment(model, **env))
         self.workers.append(worker)
         return worker
@@ -254,7 +254,9 @@ def for_each_model(models: list[str], option: str, values: dict[str, str]) -> di
 
 def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="funnel up", description="Run Redis, the web tier and one worker per model, until Ctrl-C or SIGTERM.",
+        prog="funnel up",
+        description="Run Redis, the web tier and the workers for each model (as many as suit the host), until "
+                    "Ctrl-C or SIGTERM.",
         epilog="Every other FUNNEL_* variable in the environment reaches the tier whose setting it is "
                "(funnel-web --help, funnel-worker --help); the options above win over them.")
     parser.add_argument("--port", type=int, default=int(environ.get("FUNNEL_PORT", 8000)),
@@ -279,10 +281,12 @@ def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                              "model's workers, or MODEL=MS,... for some (default: FUNNEL_LINGER_MS when set, "
                              "else 5)")
     parser.add_argument("--workers-per-model", type=int, metavar="N",
-                        default=int(environ.get("FUNNEL_WORKERS_PER_MODEL", 1)),
-                        help="worker processes per model, each with its share of the cores' threads; on a "
-                             "CPU-only host serving one model, one per core served text best "
-                             "(default: %(default)s, from FUNNEL_WORKERS_PER_MODEL when set)")
+                        default=int(environ["FUNNEL_WORKERS_PER_MODEL"]) if environ.get("FUNNEL_WORKERS_PER_MODEL")
+                        else None,
+                        help="worker processes per model, each with its share of the cores' threads and no "
+                             "spin-waiting when several share them (default: FUNNEL_WORKERS_PER_MODEL when set; "
+                             f"else {layout.WORKERS_ON_CPU} when the models run on the CPU of a host with at least "
+                             f"{layout.WORKERS_ON_CPU} cores, one on a GPU; funnel up says what it chose)")
     parser.add_argument("--grpc-port", type=int, default=int(environ.get("FUNNEL_GRPC_PORT", 8001)),
                         help="port of the Open Inference Protocol's gRPC service (funnel-grpc) "
                              "(default: %(default)s, from FUNNEL_GRPC_PORT when set)")
@@ -320,6 +324,10 @@ def build(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ
 
 def main(argv: list[str] | None = None) -> int:
     stack = build(argv)
+    web = settings.load(WebSettings, [], environ=stack.web_environment(stack.web_port))
+    device = stack.worker_env.get("FUNNEL_DEVICE", "cpu")
+    print(f"funnel up: {stack.layout.describe(layout.cores(), device, web.process_count())}", file=sys.stderr,
+          flush=True)
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())

@@ -23,17 +23,27 @@ WEIGHTS = np.random.default_rng(7).normal(size=(4, 3)).astype(np.float32)
 BIAS = np.array([0.1, -0.2, 0.05], np.float32)
 
 
-def expected_scores(vectors: np.ndarray) -> np.ndarray:
-    logits = vectors.astype(np.float32) @ WEIGHTS + BIAS
+def weights(seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The scorer's W and b: the toy's own, or (a seed) another copy's, whose answers differ."""
+    if seed is None:
+        return WEIGHTS, BIAS
+    rng = np.random.default_rng(1000 + seed)
+    return rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+
+
+def expected_scores(vectors: np.ndarray, seed: int | None = None) -> np.ndarray:
+    w, b = weights(seed)
+    logits = vectors.astype(np.float32) @ w + b
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
 
 
-def write_graph(path: Path) -> None:
-    """scores = softmax(vectors @ W + b), with a dynamic batch axis."""
+def write_graph(path: Path, seed: int | None = None) -> None:
+    """scores = softmax(vectors @ W + b), with a dynamic batch axis (seed: another copy's W and b)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    w, b = weights(seed)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["vectors", "W"], ["product"]),
          helper.make_node("Add", ["product", "b"], ["logits"]),
@@ -41,11 +51,28 @@ def write_graph(path: Path) -> None:
         "toy-score",
         [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(WEIGHTS, "W"), numpy_helper.from_array(BIAS, "b")])
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
+
+
+def write_torchscript(path: Path, seed: int | None = None) -> None:
+    """The same scorer as a TorchScript module (for --backend torch): the graph's W and b as buffers."""
+    import torch
+
+    class Score(torch.nn.Module):
+        def __init__(self, w: torch.Tensor, b: torch.Tensor):
+            super().__init__()
+            self.register_buffer("w", w)
+            self.register_buffer("b", b)
+
+        def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(vectors @ self.w + self.b, dim=1)
+
+    w, b = weights(seed)
+    torch.jit.save(torch.jit.script(Score(torch.from_numpy(w), torch.from_numpy(b)).eval()), str(path))
 
 
 SCALE = 2.0
@@ -79,11 +106,17 @@ def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:VectorScore",
-            *extra: str) -> subprocess.CompletedProcess:
-    """`funnel add` the toy scorer to store as `name` (extra: more of add's flags)."""
-    write_graph(work / "toy.onnx")
+            *extra: str, seed: int | None = None, backend: str = "onnx") -> subprocess.CompletedProcess:
+    """`funnel add` the toy scorer to store as `name` (extra: more of add's flags; seed: a copy whose
+    weights, and answers, differ; backend torch: its TorchScript export alone, no ONNX graph)."""
+    if backend == "torch":
+        write_torchscript(work / "toy.pt", seed)
+        graph = ["--torchscript", str(work / "toy.pt"), "--feeds", "vectors", "--outputs", "scores"]
+    else:
+        write_graph(work / "toy.onnx", seed)
+        graph = ["--onnx", str(work / "toy.onnx")]
     (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
-    return funnel("add", name, "--store", str(store), "--task", task, "--onnx", str(work / "toy.onnx"),
+    return funnel("add", name, "--store", str(store), "--task", task, *graph,
                   "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())
 
 

@@ -25,7 +25,7 @@ from funnel.web import metrics as web_metrics
 from funnel.web.catalog import Catalog
 from funnel.web.jsonio import OrjsonProvider
 from funnel.web.pipeline import Pipeline
-from funnel.web.routes import jobs, v2
+from funnel.web.routes import batches, jobs, v2
 from funnel.web.settings import WebSettings
 
 log = logging.getLogger("funnel.web")
@@ -59,6 +59,7 @@ def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
     lengths = registry.version_queue_lengths(pipeline.client, pipeline.keys, {name: versions})[name]
     mine = [w for w in workers if w.get("model") == name]
     return {**openai_model(task), **task.spec.public(), "input_kind": task.input_kind, "limits": task.limits,
+            **({"content_types": list(task.content_types)} if task.input_kind == "file" else {}),
             **task.public(), "queue": sum(lengths.values()), "workers": mine,
             "traffic": {str(v): weight for v, weight in sorted(weights.items())} or None,
             "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v),
@@ -84,11 +85,13 @@ def create_app(settings: WebSettings, pipeline: Pipeline) -> Flask:
     auth.install(app, settings.api_keys)
     app.register_blueprint(v2.create_blueprint(pipeline))
     jobs.install(app, pipeline, settings)
+    batches.install(app, pipeline, settings)
 
     @app.get("/")
     def index():
         return render_template("index.html", models=[
-            {**task.spec.public(), "input_kind": task.input_kind} for task in pipeline.catalog.tasks()])
+            {**task.spec.public(), "input_kind": task.input_kind, "content_types": task.content_types}
+            for task in pipeline.catalog.tasks()])
 
     install_operations(app, pipeline)
     install_traffic(app, pipeline, settings)

@@ -106,7 +106,9 @@ def worker_view(worker: dict[str, str], now: float) -> dict[str, Any]:
     return {"id": worker["id"], "device": worker.get("device", ""), "backend": worker.get("backend", ""),
             "batch_size": int(worker.get("batch_size") or 0), "host": worker.get("host", ""),
             "seen_s": round(max(0.0, now - float(worker.get("seen") or now)), 1),
-            **{name: int(registry.counter(worker, name)) for name in ("batches", "items", "expired", "errors")}}
+            "state": worker.get("state", "resident"), "load_error": registry.load_error(worker),
+            **{name: int(registry.counter(worker, name))
+               for name in ("batches", "items", "expired", "errors", "loads", "evictions")}}
 
 
 def unfinished_jobs(client: redis.Redis, keys: Keys, caller: jobs.Caller) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@
     1 resolve    the served model's task, by name (404 before a name can become a key), and its
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
-    3 prepare    each item preprocessed, or checked when the client sent the model's own tensors
+    3 prepare    each item preprocessed, or checked when the client sent the model's own tensors;
+                 what preprocess learned of it (its context) checked to travel beside it
     4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
                  the key's highest (queueing/admission.py decides who is served, and in which lane)
@@ -44,11 +45,21 @@ from funnel.common.bulk import job_submit, jobs
 from funnel.common.bulk.job_store import JobStore
 from funnel.common.contracts import priority
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Job, Reply, encode_job, now_ms
-from funnel.common.errors import REPLY_STATUS, FunnelError, NotFound, NotReplicated, NoWorker, queue_unavailable
+from funnel.common.contracts.wire import CONTEXT_FORMAT, Job, Reply, WireError, check_context, encode_job, now_ms
+from funnel.common.errors import (
+    REPLY_STATUS,
+    FunnelError,
+    NotFound,
+    NotReplicated,
+    NoWorker,
+    Unavailable,
+    queue_unavailable,
+)
 from funnel.common.link import lua_scripts
 from funnel.common.observability import tracing
+from funnel.common.tasks import Context as ItemContext
 from funnel.common.tasks import Inputs, Task
+from funnel.common.tasks.base import split
 from funnel.web import auth, metrics
 from funnel.web.catalog import Catalog
 from funnel.web.queueing import push_script, recall
@@ -92,6 +103,15 @@ class Served:
     prepared: list[Inputs]  # the items' tensors as they were queued (an adapter counts their tokens)
     lane: str  # the priority lane that served it: the one asked for, or lower (admission)
     cache: list[str] = field(default_factory=list)  # each item's hit, miss or coalesced (queueing/recall.py)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job whose items come prepared (an OpenAI batch's, routes/batches.py): only checked, run on
+    the model version they were prepared for, and described in the job's record (`fields`)."""
+
+    version: int
+    fields: dict[str, bytes]  # the record's fields that describe the batch (common/bulk/batch_store.py)
 
 
 @dataclass(frozen=True)
@@ -192,20 +212,23 @@ class Pipeline:
             trace.step("parse", model=name, model_version=task.spec.version)
             work = parser.parse(task, request)
             trace.step("prepare")
-            prepared = list(self.prepare(task, work.items, work.ready))
+            prepared, contexts = arrays_and_contexts(self.prepare(task, work.items, work.ready))
             trace.step("admit", items=len(prepared))
             lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
                                        task.spec.version)
             replies, cache = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane,
-                                            trace, recall.Ask(task.cache))
+                                            trace, recall.Ask(task.cache), contexts)
             trace.step("render")
             return render(task, work, Served(replies, prepared, lane, cache))
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
-                   body: bytes, caller: jobs.Caller, origin: Origin = Origin()) -> tuple[jobs.Record, bool]:
+                   body: bytes, caller: jobs.Caller, origin: Origin = Origin(),
+                   prepared: Prepared | None = None) -> tuple[jobs.Record, bool]:
         """A bulk (or async) job of these items, owned by the caller (the request's API key, or
         anyone where none are set): its record, and whether an earlier submit by the same caller
         with this Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
+
+        An OpenAI batch (routes/batches.py) hands its items prepared already (`prepared`).
 
         Resolved and prepared as a predict; then admitted by the bulk queue's room
         (FUNNEL_MAX_BULK_QUEUE, 503) instead of the predicted wait, and created in the job
@@ -218,7 +241,7 @@ class Pipeline:
         """
         trace = self.spans.request("job", name, origin.traceparent, origin.tracestate, origin.request_id)
         with trace:
-            task = self.resolve(name)
+            task = self.resolve(name, str(prepared.version) if prepared else None)
             version = task.spec.version
             trace.annotate(model=name, model_version=version, items=len(items))
             job_submit.check(idempotency_key, webhook, self.job_limits)
@@ -233,14 +256,15 @@ class Pipeline:
             trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
             scope = task.cache.scope(caller.owner) if task.cache.on else None
-            payloads = self.jobs.item_payloads(job_id, name, created, self.prepare(task, items), version,
-                                               trace.traceparent, scope)
+            items_ready = self.prepare(task, items, prepared is not None)
+            payloads = self.jobs.item_payloads(job_id, name, created, items_ready, version, trace.traceparent, scope)
             payloads.known = self.jobs.known(job_id, name, version, payloads.idents) if payloads.idents else {}
             trace.step("admit", known=len(payloads.known))
             self.jobs.check_room(name, len(payloads.payloads) - len(payloads.known), self.settings.max_bulk_queue,
                                  version)
             trace.step("store")
-            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, webhook,
+            fields: dict[str, str | bytes] = {"webhook_url": webhook or "", **(prepared.fields if prepared else {})}
+            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, fields,
                                                 idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these
                 trace.annotate(job_id=record.id, replayed=True)
@@ -270,14 +294,22 @@ class Pipeline:
                            code="unknown_version")
         return task
 
-    def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[Inputs]:
-        """Each item's tensors in turn, as the worker takes them; a bad item fails the request,
-        named by its index."""
+    def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[tuple[Inputs, ItemContext | None]]:
+        """Each item's tensors and context in turn, as the worker takes them; a bad item fails the
+        request, named by its index (a context the wire cannot carry is the task's fault: a 500)."""
         for i, item in enumerate(items):
             try:
                 if ready:
                     task.check(item)
-                yield item if ready else task.preprocess(item)
+                    yield item, None
+                    continue
+                inputs, context = split(task.preprocess(item))
+                if context is not None:
+                    try:
+                        check_context(context)
+                    except WireError as exc:
+                        raise FunnelError(f"{task.spec.task}: {exc}", code="bad_context", status=500) from None
+                yield inputs, context
             except FunnelError as exc:
                 if len(items) > 1:
                     exc.message = f"item {i}: {exc.message}"
@@ -286,10 +318,11 @@ class Pipeline:
 
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
-    async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,
+    async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,  # noqa: PLR0913 (a request's parts)
                   raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
                   trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE,
-                  cache: recall.Ask = recall.OFF) -> tuple[list[Reply], list[str]]:
+                  cache: recall.Ask = recall.OFF,
+                  contexts: list[ItemContext | None] | None = None) -> tuple[list[Reply], list[str]]:
         """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
         version's queue in the lane, and a reply per input in input order; a failed reply raised.
         With the model's cache on, one job per distinct item, and each item's cache state
@@ -299,20 +332,20 @@ class Pipeline:
         worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
         when the predicted wait is past timeout_s; 504 at the deadline. A client that
         leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
-        The request's trace marks the steps from enqueue on; its jobs carry its context.
+        The request's trace marks the steps from enqueue on; its jobs carry its trace context, and
+        each item its own context (contexts, aligned with inputs; None: no item has one).
         """
         capacity = self.admission.capacity(model, version)
+        contexts = carried(contexts, raw, capacity, model, version)
         deadline = now_ms() + int(timeout_s * 1000)
-        plan = recall.Plan.of(cache.policy, origin.owner, inputs, raw) if cache.policy.on else None
-        size = job_size(capacity, len(inputs))
-        parts = [[item] for item in plan.items] if plan else [inputs[start:start + size]
-                                                               for start in range(0, len(inputs), size)]
+        plan = recall.Plan.of(cache.policy, origin.owner, inputs, raw, contexts) if cache.policy.on else None
+        parts, part_contexts = job_parts(inputs, contexts, job_size(capacity, len(inputs)), plan)
         ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
         jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
                                deadline=deadline, raw=raw, version=version, trace=trace.traceparent,
                                request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane,
-                               cache=plan.idents[k] if plan else ""))
+                               cache=plan.idents[k] if plan else "", contexts=part_contexts[k]))
                 for k, (job_id, part) in enumerate(zip(ids, parts))]
         calibration = self.calibration.factor(model)
         limit = None if cache.again else self.admission.limit(origin.label, bool(origin.owner))
@@ -338,9 +371,10 @@ class Pipeline:
             if not capacity.workers and not self.settings.hold_without_workers:
                 await self._await_a_worker(waiter, model, version, deadline)
             if plan:
-                async def again(items: list[Inputs], read: bool, left_s: float) -> tuple[list[Reply], list[str]]:
+                async def again(items: list[Inputs], item_contexts: list[ItemContext | None] | None, read: bool,
+                                left_s: float) -> tuple[list[Reply], list[str]]:
                     return await self.run(model, version, items, left_s, raw, origin, lane, trace,
-                                          recall.Ask(cache.policy, read, again=True))
+                                          recall.Ask(cache.policy, read, again=True), item_contexts)
 
                 replies, states = await recall.settle(self.inbox, model, plan, answer[3], waiter, ids, deadline, again)
             else:
@@ -394,6 +428,38 @@ class Pipeline:
         self._unawaited.discard(sent)
         if not sent.cancelled() and sent.exception() is not None:
             log.warning("could not mark a finished request in redis: %s", sent.exception())
+
+
+def carried(contexts: list[ItemContext | None] | None, raw: bool, capacity: Capacity, model: str,
+            version: int) -> list[ItemContext | None] | None:
+    """The items' contexts as their jobs carry them: none for raw rows (no postprocess reads them);
+    503 while a live worker of the version is of a release that would drop them."""
+    if contexts is None or raw:
+        return None
+    if capacity.workers and capacity.job_format < CONTEXT_FORMAT:
+        raise Unavailable(f"a worker of {model} version {version} is of a release that drops item contexts; "
+                          "upgrade it", code="no_worker")
+    return contexts
+
+
+def job_parts(inputs: list[Inputs], contexts: list[ItemContext | None] | None, size: int,
+              plan: recall.Plan | None) -> tuple[list[list[Inputs]], list[list[ItemContext | None] | None]]:
+    """Each job's items and their contexts: one job a distinct item of a cached model (plan), else
+    `size` items a job."""
+    if plan:
+        each = plan.contexts or [None] * len(plan.items)
+        return [[item] for item in plan.items], [None if c is None else [c] for c in each]
+    starts = range(0, len(inputs), size)
+    return ([inputs[start:start + size] for start in starts],
+            [None if contexts is None else contexts[start:start + size] for start in starts])
+
+
+def arrays_and_contexts(prepared: Iterator[tuple[Inputs, ItemContext | None]]
+                        ) -> tuple[list[Inputs], list[ItemContext | None] | None]:
+    """Prepared items as their arrays, and their contexts (None when no item has one: its jobs are as before)."""
+    pairs = list(prepared)
+    contexts = [context for _, context in pairs]
+    return [inputs for inputs, _ in pairs], contexts if any(c is not None for c in contexts) else None
 
 
 def job_size(capacity: Capacity, n: int) -> int:

@@ -51,6 +51,7 @@ class Batch:
     replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
     dead: list[bytes] = field(default_factory=list)
     expired: int = 0
+    refused: bool = False  # its model could not be loaded: answered with an error each, never run
     started: int = 0  # epoch ms when its take ended: each job's queue_ms runs up to here
     wait_s: float = 0.0  # how long the take waited for the batch to fill
     collate_ms: float = 0.0
@@ -168,20 +169,24 @@ def run(batch: Batch, task: Task, backend: Backend) -> None:
 
 
 def finish(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
-    """Turn the rows of each runnable job's items into its reply, appended to batch.replies; each
-    names the version that computed it. An item that failed fails its job, named by its index."""
+    """Turn the rows of each runnable job's items into its reply (postprocessed, with each item's
+    context), appended to batch.replies; each names the version that computed it. An item that
+    failed, in the run or in postprocess, fails its job, named by its index."""
     start = 0
     for job in batch.runnable:
         rows, start = batch.rows[start:start + len(job.items)], start + len(job.items)
         reply = Reply(id=job.id, ok=True, worker=worker_id, batch_size=len(batch.items),
                       queue_ms=max(0, batch.started - job.enqueued), infer_ms=batch.infer_ms, version=version)
         results = []
+        contexts = job.contexts or [None] * len(rows)
         try:
-            for row in rows:
+            for row, context in zip(rows, contexts):
                 if isinstance(row, Exception):
                     raise row
-                # A raw job (the /v2 protocol's tensors) wants the model's own rows.
-                results.append(row if job.raw else task.postprocess(row))
+                # A raw job (the /v2 protocol's tensors) wants the model's own rows; an item's context
+                # goes to postprocess only, and only to a task that keeps one.
+                results.append(row if job.raw else task.postprocess(row) if context is None
+                               else task.postprocess(row, context))
         except Exception as exc:
             reply.ok, reply.item = False, len(results)
             reply.error = {"code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"}

@@ -52,8 +52,7 @@ def choose(client: redis.Redis, keys: Keys, candidates: list[str], worker_id: st
         check_device(device)
     candidates = list(dict.fromkeys(candidates))  # a device listed twice is one device
     worker_id = worker_id or f"claim-{uuid.uuid4().hex[:12]}"
-    live = [value for worker in registry.live_workers(client, keys) if "device" in worker
-            for value in (worker["id"], worker["device"])]
+    live = [value for pair in live_devices(client, keys).items() for value in pair]
     result = client.eval(lua_scripts.source("choose_device"), 1, keys.device_claims(), worker_id,
                          int(claim_ttl_s * 1000), len(candidates), *candidates, *live)
     chosen = result[0].decode() if isinstance(result[0], bytes) else result[0]
@@ -65,9 +64,16 @@ def choose(client: redis.Redis, keys: Keys, candidates: list[str], worker_id: st
 def live_counts(client: redis.Redis, keys: Keys) -> dict[str, int]:
     """Live workers per device, as the registry shows them (for tools and tests)."""
     counts: dict[str, int] = {}
-    for worker in registry.live_workers(client, keys):
-        counts[worker["device"]] = counts.get(worker["device"], 0) + 1
+    for device in live_devices(client, keys).values():
+        counts[device] = counts.get(device, 0) + 1
     return counts
+
+
+def live_devices(client: redis.Redis, keys: Keys) -> dict[str, str]:
+    """Each live worker's device, by id: a worker serving several models once (each of its models'
+    hashes names it, `process`)."""
+    return {worker.get("process", worker["id"]): worker["device"]
+            for worker in registry.live_workers(client, keys) if "device" in worker}
 
 
 def cuda_device_count() -> int:

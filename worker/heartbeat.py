@@ -15,6 +15,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 
@@ -26,28 +28,50 @@ from funnel.worker.stats import Stats
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Member:
+    """One registry hash the heartbeat keeps: a worker's, or one model's of a worker serving several."""
+
+    worker_id: str
+    info: dict
+    stats: Stats = field(default_factory=Stats)
+    live: Callable[[], dict[str, str]] = dict  # fields read afresh on every beat (a model's state)
+
+
 class Heartbeat:
     def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, info: dict,
                  recovery: Recovery, ttl_s: float = 10.0):
         self.client, self.keys, self.worker_id = client, keys, worker_id
-        self.info = {**info, "pid": os.getpid(), "host": socket.gethostname(),
-                     "started": time.time()}
+        self.common = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        self.members = [Member(worker_id, {**info, **self.common})]
+        self.stats = self.members[0].stats
         self.recovery, self.ttl_s = recovery, ttl_s
-        self.stats = Stats()
         self._stop = threading.Event()
         self._steady_since = time.monotonic()  # since when every beat has reached Redis on time
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
+    @property
+    def info(self) -> dict:
+        return self.members[0].info
+
+    def join(self, worker_id: str, info: dict) -> Member:
+        """Keep another hash (a worker serving several models: one per model), from start() on."""
+        self.members.append(Member(worker_id, {**info, **self.common}))
+        return self.members[-1]
+
     def start(self) -> None:
-        # A previous life under this id is over: recover what it held, then register.
-        self.client.delete(self.keys.worker(self.info["model"], self.worker_id))
-        self.stats.add(recovered=self.recovery.recover(self.worker_id, self.info["model"]))
+        for member in self.members:
+            # A previous life under this id is over: recover what it held, then register.
+            self.client.delete(self.keys.worker(member.info["model"], member.worker_id))
+            member.stats.add(recovered=self.recovery.recover(member.worker_id, member.info["model"]))
         self.beat()
         self._thread.start()
 
     def beat(self) -> None:
-        registry.publish(self.client, self.keys, self.worker_id,
-                         {**self.info, **self.stats.fields(), "seen": time.time()}, self.ttl_s)
+        for member in self.members:
+            registry.publish(self.client, self.keys, member.worker_id,
+                             {**member.info, **member.stats.fields(), **member.live(), "seen": time.time()},
+                             self.ttl_s)
 
     def _run(self) -> None:
         beaten = time.monotonic()
@@ -72,7 +96,8 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.ttl_s)
-        try:
-            registry.withdraw(self.client, self.keys, self.info["model"], self.worker_id)
-        except redis.RedisError as exc:
-            log.warning("could not deregister: %s", exc)
+        for member in self.members:
+            try:
+                registry.withdraw(self.client, self.keys, member.info["model"], member.worker_id)
+            except redis.RedisError as exc:
+                log.warning("could not deregister: %s", exc)

@@ -9,21 +9,27 @@ started running, and a batch run waits for the replier to take the one before.
 Every batch stays in the in-flight list until its replies are written,
 whichever thread holds it: a kill at any moment leaves all of them for
 recovery, and SIGTERM stops the taking, then runs and answers every batch taken.
+A worker serving several models runs the same loop, worker/multiplex.py standing
+in for one model's steps (which model to take from, and loading: worker/residency.py).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
 import threading
+import time
 
 from funnel.common import tasks
+from funnel.common.contracts import registry
 from funnel.common.contracts.keys import Keys
 from funnel.common.contracts.wire import JOB_FORMAT
 from funnel.common.link.connection import connect, on_cluster
 from funnel.common.observability import logs, tracing
-from funnel.common.store import load_spec
+from funnel.common.result_cache import CachePolicy
+from funnel.common.store import ModelSpec, load_spec
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
@@ -32,11 +38,14 @@ from funnel.worker.allocator import preload_tcmalloc
 from funnel.worker.heartbeat import Heartbeat
 from funnel.worker.hold import Hold
 from funnel.worker.linger import Linger
+from funnel.worker.multiplex import Multiplex, Served
 from funnel.worker.pipeline import Slot, Stage
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import Replier
+from funnel.worker.residency import Limits, Loaded, Model, Residency, files_mb
 from funnel.worker.settings import WorkerSettings, model_and_version
+from funnel.worker.stats import Stats
 from funnel.worker.steps import BLOCK_S, Steps, retrying
 from funnel.worker.webhook import Deliverer
 
@@ -44,36 +53,25 @@ log = logging.getLogger("funnel.worker")
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> None:
-    name, wanted = model_and_version(settings.model)
-    spec = load_spec(settings.model_store, name, wanted)  # wanted None: the highest version now
-    version = spec.version
-    task = tasks.load(spec)
+    served = settings.served()
+    specs = [load_spec(settings.model_store, *model_and_version(m)) for m in served]  # None: the highest now
+    if not specs:
+        raise SystemExit(f"funnel-worker: no model in {settings.model_store} matches --models {settings.models!r}")
     client = connect(settings.redis_url, socket_timeout=BLOCK_S + 10)
     keys = Keys(settings.prefix, cluster=on_cluster(client))
     device = retrying(lambda: devices.resolve(settings.device, settings.devices, settings.backend,  # auto
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
         return
-    model = backends.load(spec, settings.backend, device, settings.intra_op_threads, settings.spinning)
-    batch_size = settings.batch_size or spec.batch_size
     recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
-    heartbeat = Heartbeat(client, keys, settings.worker_id, {
-        "model": spec.name, "version": version, "backend": settings.backend, "device": device,
-        "batch_size": batch_size, "linger_ms": settings.linger_ms, "lanes": 1,
-        "wire": JOB_FORMAT},
-        recovery, settings.heartbeat_ttl_s)
     hold = Hold(stop, settings.test_hold)
-    steps = Steps(settings=settings, task=task, backend=model, device=device, batch_size=batch_size, keys=keys,
-                  queue=JobQueue(client, keys, spec.name, settings.worker_id, settings.bulk_share, version),
-                  replier=Replier(client, keys, settings.worker_id, spec.name, settings.reply_ttl_s, version,
-                                  task.cache.ttl_s, hold),
-                  linger=Linger(settings.linger_ms, stop), stats=heartbeat.stats, stop=stop, hold=hold,
-                  spans=tracing.Spans("funnel-worker"))
-    warmup.run(task, model, batch_size, device)  # before registering: no request meets a cold shape
+    steps: Steps | Multiplex
+    if len(specs) == 1 and not settings.models:
+        heartbeat, steps = one_model(settings, specs[0], client, keys, device, recovery, hold, stop)
+    else:
+        heartbeat, steps = many_models(settings, specs, client, keys, device, recovery, hold, stop)
     retrying(heartbeat.start, stop)
     deliverer = Deliverer(client, keys, settings).start()  # job webhooks, on a thread of their own
-    log.info("worker %s serving %s version %d (batch %d, linger %g ms) from %s", settings.worker_id,
-             spec.name, version, batch_size, settings.linger_ms, keys.queue(spec.name, version))
     try:
         loop(steps, stop)
     finally:
@@ -83,7 +81,80 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
     log.info("worker %s stopped", settings.worker_id)
 
 
-def loop(steps: Steps, stop: threading.Event) -> None:
+def describe(settings: WorkerSettings, spec: ModelSpec, device: str) -> dict:
+    """A worker's registry fields for one model version (common/contracts/registry.py's INFO_FIELDS)."""
+    return {"model": spec.name, "version": spec.version, "backend": settings.backend, "device": device,
+            "batch_size": settings.batch_size or spec.batch_size, "linger_ms": settings.linger_ms, "lanes": 1,
+            "wire": JOB_FORMAT}
+
+
+def loaded(settings: WorkerSettings, spec: ModelSpec, device: str) -> Loaded:
+    """A model version's task and backend, warmed up: before registering, no request meets a cold shape."""
+    task = tasks.load(spec)
+    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning)
+    warmup.run(task, model, settings.batch_size or spec.batch_size, device)
+    return Loaded(task, model)
+
+
+def steps_for(settings: WorkerSettings, seat: Served, ready: Loaded, device: str, keys: Keys, hold: Hold,
+              stop: threading.Event) -> Steps:
+    return Steps(settings=settings, task=ready.task, backend=ready.backend, device=device,
+                 batch_size=settings.batch_size or seat.spec.batch_size, keys=keys, queue=seat.queue,
+                 replier=seat.replier, linger=seat.linger, stats=seat.stats, stop=stop, hold=hold,
+                 spans=tracing.Spans("funnel-worker"))
+
+
+def seat(settings: WorkerSettings, spec: ModelSpec, member: str, stats: Stats, client, keys: Keys, hold: Hold,
+         stop: threading.Event) -> Served:
+    """A model version's queues and reply lists, for the worker (or its member) `member`."""
+    return Served(spec, member, JobQueue(client, keys, spec.name, member, settings.bulk_share, spec.version),
+                  Replier(client, keys, member, spec.name, settings.reply_ttl_s, spec.version,
+                          CachePolicy.of(spec.config).ttl_s, hold),
+                  Linger(settings.linger_ms, stop), stats)
+
+
+def one_model(settings: WorkerSettings, spec: ModelSpec, client, keys: Keys, device: str, recovery: Recovery,
+              hold: Hold, stop: threading.Event) -> tuple[Heartbeat, Steps]:
+    """A worker of one model version: loaded before it registers, and the loop's steps run it alone."""
+    started = time.monotonic()
+    ready = loaded(settings, spec, device)
+    heartbeat = Heartbeat(client, keys, settings.worker_id, describe(settings, spec, device), recovery,
+                          settings.heartbeat_ttl_s)
+    heartbeat.stats.add(loads=1, load_seconds=time.monotonic() - started)
+    steps = steps_for(settings, seat(settings, spec, settings.worker_id, heartbeat.stats, client, keys, hold, stop),
+                      ready, device, keys, hold, stop)
+    log.info("worker %s serving %s version %d (batch %d, linger %g ms) from %s", settings.worker_id,
+             spec.name, spec.version, steps.batch_size, settings.linger_ms, keys.queue(spec.name, spec.version))
+    return heartbeat, steps
+
+
+def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: Keys, device: str,
+                recovery: Recovery, hold: Hold, stop: threading.Event) -> tuple[Heartbeat, Multiplex]:
+    """A worker of several model versions: each registered under its own member id, loaded when work
+    waits for it (worker/residency.py), taken from by worker/multiplex.py."""
+    members = [registry.member_id(settings.worker_id, spec.name, spec.version) for spec in specs]
+    heartbeat = Heartbeat(client, keys, members[0], describe(settings, specs[0], device), recovery,
+                          settings.heartbeat_ttl_s)
+    for member_id, spec in zip(members[1:], specs[1:]):
+        heartbeat.join(member_id, describe(settings, spec, device))
+    residency = Residency(client, keys, settings.worker_id,
+                          [Model(spec, m.worker_id, m.stats, files_mb(spec))
+                           for spec, m in zip(specs, heartbeat.members)],
+                          Limits(settings.max_resident, settings.max_resident_mb, settings.load_retry_s,
+                                 settings.load_timeout_s),
+                          lambda spec: loaded(settings, spec, device), heartbeat.beat)
+    for member in heartbeat.members:
+        member.live = functools.partial(residency.fields, member.worker_id)
+    seats = [seat(settings, spec, m.worker_id, m.stats, client, keys, hold, stop)
+             for spec, m in zip(specs, heartbeat.members)]
+    log.info("worker %s serving %d models, at most %s resident: %s", settings.worker_id, len(specs),
+             settings.max_resident or "all", ", ".join(f"{s.name}:{s.version}" for s in specs))
+    return heartbeat, Multiplex(client, keys, seats, residency,
+                                lambda chosen, ready: steps_for(settings, chosen, ready, device, keys, hold, stop),
+                                settings.cold_after_ms / 1000, settings.bulk_share, stop)
+
+
+def loop(steps: Steps | Multiplex, stop: threading.Event) -> None:
     """Take, collate, run, reply until stopped; returns once every batch taken is answered."""
     collated: Slot[batching.Batch] = Slot()  # the next batch, ready to run
     answering: Slot[batching.Batch] = Slot()  # the last batch run, to be answered

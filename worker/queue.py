@@ -175,6 +175,8 @@ class JobQueue:
         caps = [batch_size] * len(LANES) + [max(1, places[-1]) if busy else batch_size]  # bulk's, last
         counts = [0] * len(self.lanes)
         jobs, _ = self._fill(batch_size, places, caps, counts)  # whatever is queued now
+        if not jobs and block_s <= 0:  # a worker of several models looks again itself (worker/multiplex.py)
+            return [], 0.0
         if not jobs:
             # BLMOVE takes a fractional timeout (Redis >= 6); redis-py's stub says int.
             first = self.client.blmove(self.lanes[1], self.inflight, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
@@ -191,15 +193,16 @@ class JobQueue:
             else:
                 jobs = [first, *more]  # type: ignore[list-item]  # bytes: the client does not decode
         started = time.monotonic()
+        # The take above has just emptied the queues: take again only once the linger has waited
+        # (a second script at once cost every batch a round trip, and a lone request its latency).
         while 0 < sum(counts) < batch_size:
-            jobs += self._fill(batch_size - sum(counts), places, caps, counts)[0]
-            items = sum(counts)
-            remaining = linger.budget_s(items, batch_size) - (time.monotonic() - started)
-            if items >= batch_size or remaining <= 0:
+            remaining = linger.budget_s(sum(counts), batch_size) - (time.monotonic() - started)
+            if remaining <= 0:
                 break
             # Poll rather than block: Redis checks blocking timeouts only about
             # every 100 ms (hz 10), far too coarse for a linger of a few ms.
             time.sleep(min(remaining, POLL_S))
+            jobs += self._fill(batch_size - sum(counts), places, caps, counts)[0]
         self.shares.spend(counts, batch_size)
         return jobs, time.monotonic() - started
 

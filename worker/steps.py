@@ -69,18 +69,16 @@ class Steps:
     def version(self) -> int:
         return self.task.spec.version
 
-    def take_and_collate(self) -> batching.Batch | None:
-        """The next batch, its jobs moved to the in-flight list and collated; None if none came within BLOCK_S.
+    def take_and_collate(self, block_s: float = BLOCK_S) -> batching.Batch | None:
+        """The next batch, its jobs moved to the in-flight list and collated; None if none came within
+        block_s (0: none queued now).
 
         Called as the batch it returned last starts to run.
         """
-        if self.handed:
-            a, b = self.run_fit
-            if self.stop.wait(a * self.handed + b - self.prepare_s - LEAD_S):  # at once if that is not ahead
-                return None  # stopped: take nothing more
+        if self.pace():
+            return None  # stopped: take nothing more
         started = time.monotonic()
-        self.handed = 0
-        taken = retrying(lambda: self.queue.take(self.batch_size, self.linger, BLOCK_S), self.stop)
+        taken = retrying(lambda: self.queue.take(self.batch_size, self.linger, block_s), self.stop)
         if taken is None:  # stopped while Redis was down
             return None
         if taken.left:  # jobs the take dropped, their clients gone
@@ -98,6 +96,14 @@ class Steps:
         self.prepare_s = 0.8 * self.prepare_s + 0.2 * (time.monotonic() - started - wait_s)
         self.handed = len(batch.items)
         return batch
+
+    def pace(self) -> bool:
+        """Wait until the batch returned last nears its run's end; True if stopped meanwhile."""
+        handed, self.handed = self.handed, 0
+        if not handed:
+            return False
+        a, b = self.run_fit
+        return self.stop.wait(a * handed + b - self.prepare_s - LEAD_S)  # at once if that is not ahead
 
     def run(self, batch: batching.Batch) -> None:
         began = time.time_ns()

@@ -19,10 +19,11 @@ from funnel_client.client import (
                                   WebhookVerificationError,
                                   error_for,
                                   guess_image_type,
+                                  read_file,
                                   read_image,
                                   verify_webhook,
 )
 
 __all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound", "ServerBusy",
-           "Timeout", "ServerError", "ConnectionFailed", "error_for", "guess_image_type", "read_image",
+           "Timeout", "ServerError", "ConnectionFailed", "error_for", "guess_image_type", "read_file", "read_image",
            "verify_webhook", "WebhookVerificationError"]

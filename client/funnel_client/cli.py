@@ -95,7 +95,7 @@ def model_listing(client: Client, model: str) -> dict | None:
 
 
 # What one line of interactive input is, by the model's input kind (GET /v1/models).
-PROMPTS = {"image": "a path to an image file", "text": "a text", "json": "a JSON value"}
+PROMPTS = {"image": "a path to an image file", "text": "a text", "json": "a JSON value", "file": "a path to a file"}
 
 
 def timed_predict(client: Client, model: str, **inputs) -> tuple[dict, float]:
@@ -108,6 +108,10 @@ def one_shot(client: Client, args) -> int:
     inputs: dict
     if args.image:
         inputs, what = {"image": args.image}, args.image
+    elif args.file:
+        given = [(path, args.content_type) if args.content_type else path for path in args.file]
+        inputs = {"file": given[0]} if len(given) == 1 else {"files": given}
+        what = args.file[0] if len(given) == 1 else f"{len(given)} files"
     elif args.input:
         values = [json.loads(v) for v in args.input]
         inputs = {"input": values[0]} if len(values) == 1 else {"inputs": values}
@@ -151,11 +155,11 @@ def prompted_lines(prompt: str, stdin) -> Iterator[str]:
 def answer_line(client: Client, model: str, kind: str, line: str) -> tuple[dict, float] | str:
     """The answer to one line of input, or what went wrong, as a line to print."""
     try:
-        if kind == "image":
+        if kind in ("image", "file"):
             path = Path(line.strip()).expanduser()
             if not path.is_file():
                 return f"no such file: {path}"
-            return timed_predict(client, model, image=path)
+            return timed_predict(client, model, **{kind: path})
         if kind == "json":
             return timed_predict(client, model, input=json.loads(line))
         return timed_predict(client, model, text=line)
@@ -233,7 +237,7 @@ def bulk_items(source: TextIO, kind: str) -> list:
     lines = [line for line in lines if line.strip()]
     if kind == "json":
         return [json.loads(line) for line in lines]
-    if kind == "image":
+    if kind in ("image", "file"):
         return [Path(line.strip()).expanduser() for line in lines]
     return lines
 
@@ -253,7 +257,7 @@ def bulk(client: Client, args, stdin: TextIO = sys.stdin, stdout: TextIO = sys.s
     if not items:
         print(f"nothing to send: {args.bulk} has no non-blank line", file=sys.stderr)
         return 2
-    what = {"text": "texts", "json": "inputs", "image": "images"}.get(kind, "texts")
+    what = {"text": "texts", "json": "inputs", "image": "images", "file": "files"}.get(kind, "texts")
     job = client.submit_job(args.model, **{what: items}, webhook=args.webhook)
     print(f"job {job['id']}: {len(items):,} {what} for {args.model}", file=sys.stderr, flush=True)
     bar = ProgressBar(enabled=not args.quiet)
@@ -288,6 +292,7 @@ def parser() -> argparse.ArgumentParser:
                "  funnel-client --model image-classifier --image cat.jpg\n"
                "  funnel-client --model text-embedding --text 'A man is eating food.'\n"
                "  funnel-client --model text-embedding --interactive\n"
+               "  funnel-client --model clip-levels --file a.wav --file b.wav\n"
                "  funnel-client --model text-embedding --bulk corpus.txt --output vectors.jsonl\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default: $FUNNEL_URL or {DEFAULT_URL})")
@@ -301,6 +306,9 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--input", action="append", default=[],
                         help="a JSON value, for a model whose input kind is json; give it several times "
                              "for one request with many")
+    source.add_argument("--file", action="append", default=[],
+                        help="a file, for a model whose input kind is file; give it several times for one "
+                             "request with many")
     source.add_argument("--interactive", "-i", action="store_true",
                         help="read one input per line (a text, an image path or a JSON value, as the model "
                              "takes) until EOF or 'quit'")
@@ -309,6 +317,8 @@ def parser() -> argparse.ArgumentParser:
                              "image path, as the model takes; blank lines skipped, '-' reads stdin), show its "
                              "progress, and write its results as JSON Lines in input order")
     source.add_argument("--models", action="store_true", help="list the served models and exit")
+    p.add_argument("--content-type", help="with --file: the files' content type (default: guessed from "
+                                          "each file's name and first bytes)")
     p.add_argument("--output", "-o", help="with --bulk: write the JSON Lines to this file (default: stdout)")
     p.add_argument("--webhook", help="with --bulk: a URL the server POSTs the job's status to when it is final")
     p.add_argument("--quiet", "-q", action="store_true", help="with --bulk: no progress bar")
@@ -326,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.models:
         if not args.model:
             p.error("--model is required (or --models to list them)")
-        if not (args.image or args.text or args.input or args.interactive or args.bulk):
-            p.error("give --image, --text, --input, --interactive or --bulk")
+        if not (args.image or args.text or args.input or args.file or args.interactive or args.bulk):
+            p.error("give --image, --text, --input, --file, --interactive or --bulk")
     if not args.bulk and (args.output or args.webhook):
         p.error("--output and --webhook go with --bulk")
     client = Client(args.url, api_key=args.api_key, timeout=args.timeout, retries=args.retries)
@@ -344,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     except FunnelHTTPError as exc:
         print(describe_error(exc), file=sys.stderr)
         return 1
-    except OSError as exc:  # an --image that cannot be read
+    except OSError as exc:  # an --image or --file that cannot be read
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # an --input (or a --bulk line, for a JSON model) that is not JSON

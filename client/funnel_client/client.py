@@ -41,6 +41,8 @@ __all__ = ["Client", "FunnelHTTPError", "BadRequest", "Unauthorized", "NotFound"
            "WebhookVerificationError"]
 
 ImageInput = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
+# A file for a `file` model: as an image is given, or a pair (that, its content type).
+FileInput = Union[ImageInput, "tuple[ImageInput, str]"]
 JOB_FINAL_STATES = ("done", "failed", "cancelled")
 _NOTHING: Any = object()  # input= not given (None is a JSON value a model may take)
 
@@ -168,23 +170,42 @@ def guess_image_type(data: bytes, name: str | None = None) -> str:
     return "application/octet-stream"  # the server reads it as an image all the same
 
 
+def _read(source: ImageInput, what: str) -> tuple[bytes, str | None]:
+    """The bytes of a file given as bytes, a path, or a binary file-like object, and its name if known."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), None
+    if isinstance(source, (str, os.PathLike)):
+        name = os.fspath(source)
+        with open(name, "rb") as handle:
+            return handle.read(), name
+    if hasattr(source, "read"):
+        data = source.read()
+        if isinstance(data, str):
+            raise TypeError(f"open the {what} file in binary mode ('rb')")
+        name = getattr(source, "name", None)
+        return data, name if isinstance(name, str) else None
+    raise TypeError(f"{what} must be bytes, a path or a binary file object, not {type(source).__name__}")
+
+
 def read_image(image: ImageInput) -> tuple[bytes, str]:
     """(bytes, content type) of an image given as bytes, a path, or a binary file-like object."""
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        data, name = bytes(image), None
-    elif isinstance(image, (str, os.PathLike)):
-        name = os.fspath(image)
-        with open(name, "rb") as handle:
-            data = handle.read()
-    elif hasattr(image, "read"):
-        data = image.read()
-        if isinstance(data, str):
-            raise TypeError("open the image file in binary mode ('rb')")
-        name = getattr(image, "name", None)
-        name = name if isinstance(name, str) else None
-    else:
-        raise TypeError(f"image must be bytes, a path or a binary file object, not {type(image).__name__}")
+    data, name = _read(image, "image")
     return data, guess_image_type(data, name)
+
+
+def read_file(file: FileInput) -> tuple[bytes, str]:
+    """(bytes, content type) of a file for a `file` model: bytes, a path or a binary file-like object
+    (its type guessed from its name, a WAV's or an image's from its first bytes), or a pair
+    (any of those, content type) that names its type."""
+    if isinstance(file, tuple):
+        source, content_type = file
+        return _read(source, "file")[0], content_type
+    data, name = _read(file, "file")
+    head = bytes(data[:12])
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return data, "audio/wav"
+    guessed = mimetypes.guess_type(name)[0] if name else None
+    return data, guessed or guess_image_type(data)
 
 
 def _json_lines(response: http.client.HTTPResponse) -> Iterator[Any]:
@@ -272,25 +293,36 @@ class Client:
 
     def predict(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
                 texts: Iterable[str] | None = None, input: Any = _NOTHING,
-                inputs: Iterable[Any] | None = None) -> dict[str, Any]:
-        """One prediction: exactly one of image= (bytes, path or binary file), text=, texts=, input= or inputs=.
+                inputs: Iterable[Any] | None = None, file: FileInput | None = None,
+                files: Iterable[FileInput] | None = None) -> dict[str, Any]:
+        """One prediction: exactly one of image= (bytes, path or binary file), text=, texts=, input=,
+        inputs=, file= or files=.
 
         Which one a model takes is its `input_kind` in GET /v1/models: "image",
-        "text" (text= or texts=), or "json" (input= one JSON value, inputs= a list).
+        "text" (text= or texts=), "json" (input= one JSON value, inputs= a list), or "file" (file=
+        one, files= several; each bytes, a path, a binary file, or a (file, content type) pair: the
+        model's `content_types` say which it takes).
         Returns the server's JSON: the result's fields at the top level with "meta"
         for one item ({"model", "predictions", "meta"} for an image,
         {"model", "embedding", "meta"} for a text), {"model", "results", "meta"} for many.
         """
         chosen = {name: value for name, value in (("image", image), ("text", text), ("texts", texts),
-                                                  ("inputs", inputs)) if value is not None}
+                                                  ("inputs", inputs), ("file", file), ("files", files))
+                  if value is not None}
         if input is not _NOTHING:
             chosen["input"] = input
         if len(chosen) != 1:
-            raise ValueError(f"give exactly one of image=, text=, texts=, input= or inputs= "
+            raise ValueError(f"give exactly one of image=, text=, texts=, input=, inputs=, file= or files= "
                              f"(got {', '.join(chosen) or 'none'})")
         ((name, value),) = chosen.items()
         if name == "image":
             body, content_type = read_image(value)
+        elif name == "file":
+            body, content_type = read_file(value)
+        elif name == "files":
+            if isinstance(value, (str, bytes, tuple)):
+                raise TypeError("files= takes a list; use file= for one")
+            body, content_type = _multipart([read_file(f) for f in value], {})
         else:
             if name in ("texts", "inputs"):
                 if isinstance(value, (str, bytes)):
@@ -302,39 +334,45 @@ class Client:
 
     def submit(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
                texts: Iterable[str] | None = None, input: Any = _NOTHING,
-               inputs: Iterable[Any] | None = None) -> Future[dict[str, Any]]:
+               inputs: Iterable[Any] | None = None, file: FileInput | None = None,
+               files: Iterable[FileInput] | None = None) -> Future[dict[str, Any]]:
         """`predict` on the client's thread pool: a Future of its result (or of its error)."""
         if image is not None and hasattr(image, "read"):
             image = read_image(image)[0]  # read now, on the caller's thread
+        if file is not None:
+            file = read_file(file)  # read now, on the caller's thread
+        if files is not None:
+            files = [read_file(f) for f in files]
         if texts is not None and not isinstance(texts, (str, bytes)):
             texts = list(texts)
         if inputs is not None and not isinstance(inputs, (str, bytes)):
             inputs = list(inputs)
         return self._executor().submit(self.predict, model, image, text=text, texts=texts,
-                                       input=input, inputs=inputs)
+                                       input=input, inputs=inputs, file=file, files=files)
 
     # -- async and bulk jobs (docs/jobs.md) -----------------------------------
 
     def submit_job(self, model: str, texts: Iterable[str] | None = None, *, inputs: Iterable[Any] | None = None,
-                   images: Iterable[ImageInput] | None = None, idempotency_key: str | None = None,
-                   webhook: str | None = None) -> dict[str, Any]:
-        """POST /v1/models/<model>/jobs: queue many texts, JSON inputs or images (each bytes, a path or a
-        binary file) as one job; its status, with "id".
+                   images: Iterable[ImageInput] | None = None, files: Iterable[FileInput] | None = None,
+                   idempotency_key: str | None = None, webhook: str | None = None) -> dict[str, Any]:
+        """POST /v1/models/<model>/jobs: queue many texts, JSON inputs, images or files (each bytes, a
+        path or a binary file; a file also a (file, content type) pair) as one job; its status, with "id".
 
         An Idempotency-Key (a fresh random one unless given) makes the client's own
         retries after a 503 safe: the server answers the job the first try made.
         webhook: a URL the server POSTs the job's status to when it is final (check it with
         `verify_webhook`).
         """
-        given = [(name, value) for name, value in (("texts", texts), ("inputs", inputs), ("images", images))
-                 if value is not None]
+        given = [(name, value) for name, value in (("texts", texts), ("inputs", inputs), ("images", images),
+                                                   ("files", files)) if value is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of texts=, inputs= or images=")
+            raise ValueError("give exactly one of texts=, inputs=, images= or files=")
         ((name, value),) = given
         if isinstance(value, (str, bytes)):
             raise TypeError(f"{name}= takes a list")
-        if name == "images":
-            body, content_type = _multipart([read_image(image) for image in value],
+        if name in ("images", "files"):
+            read = read_image if name == "images" else read_file
+            body, content_type = _multipart([read(one) for one in value],
                                             {"webhook": webhook} if webhook is not None else {})
         else:
             fields: dict[str, Any] = {name: list(value)}

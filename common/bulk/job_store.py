@@ -92,20 +92,22 @@ class JobStore:
 
     # -- create ----------------------------------------------------------------
 
-    def item_payloads(self, job_id: str, model: str, created_ms: int, inputs: Iterable[dict],
-                      version: int = 1, trace: str = "", scope: str | None = None) -> Items:
-        """Each item as the wire Job a worker takes from the bulk queue: id `<job id>-<index>`,
-        replying into the job's results hash, carrying `trace` (the job span's traceparent, "" when
-        not traced); and, for a cached model (scope: whose entries the caller reads, else None),
-        each item's cache ident, which its job carries too. Encoded one by one, so only the wire
-        bytes of every item are held, not their tensors too."""
+    def item_payloads(self, job_id: str, model: str, created_ms: int,
+                      prepared: Iterable[tuple[dict, dict | None]], version: int = 1, trace: str = "",
+                      scope: str | None = None) -> Items:
+        """Each item (its arrays and context) as the wire Job a worker takes from the bulk queue: id
+        `<job id>-<index>`, replying into the job's results hash, carrying `trace` (the job span's
+        traceparent, "" when not traced); and, for a cached model (scope: whose entries the caller
+        reads, else None), each item's cache ident, which its job carries too. Encoded one by one, so
+        only the wire bytes of every item are held, not their tensors too."""
         results = self.keys.job_results(job_id)
         payloads, idents = [], []
-        for i, item in enumerate(inputs):
-            ident = result_cache.ident(scope, result_cache.digest(item, False)) if scope is not None else ""
+        for i, (item, context) in enumerate(prepared):
+            ident = result_cache.ident(scope, result_cache.digest(item, False, context)) if scope is not None else ""
             payloads.append(encode_job(Job(id=jobs.item_id(job_id, i), model=model, items=[item], reply_to=results,
                                            deadline=created_ms + ITEM_DEADLINE_MS, enqueued=created_ms,
-                                           version=version, trace=trace, cache=ident)))
+                                           version=version, trace=trace, cache=ident,
+                                           contexts=None if context is None else [context])))
             if ident:
                 idents.append(ident)
         return Items(payloads, idents)
@@ -133,21 +135,24 @@ class JobStore:
                              f"its limit of {max_bulk_queue}; retry later", retry_after=30)
 
     def create(self, job_id: str, model: str, created_ms: int, items: Items, body_sha256: str,
-               webhook: str | None = None, idempotency_key: str | None = None,
+               fields: dict[str, str | bytes] | None = None, idempotency_key: str | None = None,
                version: int = 1, *, caller: Caller) -> tuple[jobs.Record, bool]:
         """Write the record, owned by the caller, and queue every item in one transaction: (the
         record, False). With an Idempotency-Key that a concurrent submit by the same caller used
         first: (that job's record, True), nothing written; Conflict if that submit's body differed.
-        Items known from the cache are stored as answered with the record, the others queued."""
+        `fields`: the record's optional ones, written where not empty (webhook_url, an OpenAI
+        batch's description). Items known from the cache are stored as answered with the record, the
+        others queued."""
         ttl_ms = self.ttl_s * 1000
         known, payloads = items.known, items.queued
         total = len(items.payloads)
         finished = bool(known) and not payloads  # every item known: done as it is made
+        webhook = (fields or {}).get("webhook_url")
         record: dict = {
             "model": model, "version": version, "total": total, "done": len(known), "failed": 0, "duplicates": 0,
             "created_ms": created_ms, "finished_ms": created_ms if finished else 0, "ttl_ms": ttl_ms,
             "state": "active", "body_sha256": body_sha256, "owner": caller.owner, "owner_label": caller.label,
-            **({"webhook_url": webhook} if webhook else {}),
+            **{name: value for name, value in (fields or {}).items() if value},
             **({"webhook_state": "pending", "webhook_next_ms": created_ms} if webhook and finished else {})}
         idem = self._idempotency(model, idempotency_key, caller) if idempotency_key is not None else None
         job, bulk = self.keys.job(job_id), self.keys.bulk(model, version)
@@ -169,7 +174,7 @@ class JobStore:
                 self._replicated(job, ttl_ms, idem, queueing)
         if finished and webhook and apart:  # the due set is in another slot than the record
             jobs.mark_due(self.client, self.keys, [job_id])
-        return jobs.Record.parse(job_id, {k: str(v) for k, v in record.items()}), False
+        return jobs.Record.parse(job_id, {k: v if isinstance(v, bytes) else str(v) for k, v in record.items()}), False
 
     def _queue_items(self, queueing: redis.Redis, job_id: str, bulk: str, record: dict, payloads: list[bytes],
                      idem: str | None, body_sha256: str, caller: Caller,
@@ -309,10 +314,11 @@ class JobStore:
         if not jobs.is_job_id(job_id):  # the id's shape is public: nothing to hide, nothing read
             raise NotFound(f"no job {job_id!r}", code="unknown_job")
         pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.job(job_id))
+        pipe.hmget(self.keys.job(job_id), jobs.FIELDS)  # not a batch's description: that is read apart
         if limit:
             pipe.hmget(self.keys.job_results(job_id), list(range(offset, offset + limit)))
-        raw, *rest = pipe.execute()
+        values, *rest = pipe.execute()
+        raw = {field: value for field, value in zip(jobs.FIELDS, values) if value is not None}
         record = jobs.Record.parse(job_id, raw)  # parsed and compared whether or not it exists
         if not caller.may_see(record) or not raw:
             raise self._missing(job_id)

@@ -66,6 +66,10 @@ FIELDS = ("model", "version", "total", "done", "failed", "duplicates", "created_
           "ttl_ms", "state", "body_sha256", "owner", "owner_label", "webhook_url", "webhook_state", "webhook_attempts",
           "webhook_last_status", "webhook_last_error", "webhook_next_ms", "webhook_claim")
 
+# A job made by an OpenAI batch (POST /v1/batches) also holds this field: the batch's description,
+# msgpack (common/bulk/batch_store.py), so that it is written and expires with the record.
+BATCH_FIELD = "batch"
+
 _ID_TIME_DIGITS = 12  # a job id starts with its creation time, epoch ms in hex
 
 
@@ -105,7 +109,12 @@ class Caller:
         """Whether this caller may read and cancel the job: its owner (the hashes compared in
         constant time) or an admin. The comparison is made whatever the answer, so the time
         taken says nothing."""
-        same = hmac.compare_digest(self.owner.encode(), record.owner.encode())
+        return self.owns(record.owner)
+
+    def owns(self, owner: str) -> bool:
+        """Whether this caller may see what `owner` (an owner hash) made: the same key, or an admin;
+        compared in constant time whatever the answer."""
+        same = hmac.compare_digest(self.owner.encode(), owner.encode())
         return same or self.admin
 
 
@@ -134,8 +143,9 @@ class Record:
 
     @classmethod
     def parse(cls, job_id: str, raw: dict) -> Record:
-        fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                  for k, v in raw.items()}
+        # Only the record's own fields: a batch's description (BATCH_FIELD) is msgpack, not text.
+        fields = {key: (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in raw.items() if (key := k.decode() if isinstance(k, bytes) else k) in FIELDS}
 
         def number(name: str) -> int:
             return int(fields.get(name) or 0)

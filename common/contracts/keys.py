@@ -15,6 +15,7 @@ slot. Layout (docs/redis.md):
     funnel:queue-high:{text-embedding}:<version>  funnel:queue-low:{text-embedding}:<version>
     funnel:inflight:{text-embedding}:<worker>  funnel:recovering:{text-embedding}:<worker>[:lock]
     funnel:worker:{text-embedding}:<worker>    funnel:dead:{text-embedding}
+    funnel:loading:{text-embedding}:<version>  (the worker loading it, worker/residency.py)
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
     funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
     funnel:cache:{text-embedding}:<version>:<scope>:<digest>          (a result, common/result_cache.py)
@@ -144,6 +145,21 @@ class Keys:
         tail = ":results"
         return self.job_of(key[:-len(tail)]) if key.endswith(tail) else ""
 
+    def file(self, file_id: str) -> str:
+        """Hash: an uploaded batch input file (common/bulk/batch_store.py): its description and its
+        bytes, with the job TTL; tagged with its id."""
+        return f"{self.prefix}:file:{tag(file_id)}"
+
+    def batches_of(self, owner: str) -> str:
+        """Sorted set, every score 0: the batch ids an API key created (its owner hash; "anyone"
+        where the server has no keys), read newest first by their time-prefixed ids; entries
+        past the job TTL are trimmed as it is read."""
+        return f"{self.prefix}:batches:{check_name(owner or 'anyone')}"
+
+    def files_of(self, owner: str) -> str:
+        """Sorted set, as batches_of: the input files an API key uploaded."""
+        return f"{self.prefix}:files:{check_name(owner or 'anyone')}"
+
     def idempotency(self, model: str, digest: str) -> str:
         """String: the job id an Idempotency-Key created for a model, with the job's TTL; `digest` is
         the SHA-256 (hex) of the key folded with the submitting API key's owner hash, so each API key's
@@ -188,6 +204,10 @@ class Keys:
         """Jobs one worker of `model` holds between taking and answering them."""
         return f"{self.prefix}:inflight:{tag(model)}:{check_name(worker_id)}"
 
+    def inflight_pattern(self, model: str) -> str:
+        """A SCAN pattern for every worker's in-flight list of a model."""
+        return f"{self.prefix}:inflight:{tag(model)}:*"
+
     def recovering(self, model: str, worker_id: str) -> str:
         """A dead worker's jobs while a peer puts them back on their queue."""
         return f"{self.prefix}:recovering:{tag(model)}:{check_name(worker_id)}"
@@ -200,6 +220,12 @@ class Keys:
         """Hash describing a live worker, kept alive by its heartbeat TTL; in its model's slot, as
         recovery's claim script reads it with the worker's in-flight list."""
         return f"{self.prefix}:worker:{tag(model)}:{check_name(worker_id)}"
+
+    def loading(self, model: str, version: int = 1) -> str:
+        """String: the id of the worker loading a model version to serve it, with a short TTL its loader
+        renews, so two workers with several models do not both load it for the same work
+        (worker/residency.py, common/link/lua/load_claim.lua)."""
+        return f"{self.prefix}:loading:{tag(model)}:{check_version(version)}"
 
     def workers(self) -> str:
         """Hash of registered worker id -> model, live or dead until recovered."""
@@ -224,8 +250,8 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
-                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "cache",
-                        "cache-pending"):
+                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "loading", "file",
+                        "batches", "files", "cache", "cache-pending"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

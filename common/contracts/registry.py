@@ -13,6 +13,7 @@ the functions below, so the field names live here and nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +27,12 @@ from funnel.common.contracts.priority import LANES
 INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "wire", "pid", "host",
                "started", "seen")
 
+# A worker serving several models (worker/residency.py) publishes one hash per model, its member id
+# (member_id), each with these fields too, refreshed on every beat: the worker's own id, the
+# model's state there and, while failed, why. A hash without `state` is a one-model worker's: resident.
+MEMBER_FIELDS = ("process", "state", "load_error")
+STATES = ("resident", "loading", "cold", "failed")
+
 # Running totals, with the help text /metrics gives them (as funnel_worker_<name>_total).
 COUNTERS = {
     "batches": "batches run",
@@ -35,6 +42,9 @@ COUNTERS = {
     "left": "jobs dropped unrun because their client had left",
     "dead": "undecodable jobs dead-lettered",
     "recovered": "jobs of dead workers requeued",
+    "loads": "times the model was loaded",
+    "evictions": "times the model was unloaded to make room for another",
+    "load_seconds": "time spent loading the model (and warming it up)",
     "infer_seconds": "time spent in the model",
     "wait_seconds": "time spent waiting for batches to fill",
 }
@@ -54,6 +64,32 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def bucket_field(bound: int) -> str:
     """The hash field counting batches of size <= bound (and above the previous bound)."""
     return f"batch_le_{bound}"
+
+
+def member_id(worker_id: str, model: str, version: int) -> str:
+    """The id under which a worker serving several models registers one model version: its own id,
+    the model and version, or (past the 64 characters of an id) a digest of them in their place."""
+    full = f"{worker_id}.{model}.{version}"
+    if len(full) <= 64:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:16]
+    return f"{worker_id[:47]}.{digest}"
+
+
+def resident(worker: Mapping[str, str]) -> bool:
+    """Whether the worker has the model loaded (a one-model worker always has)."""
+    return worker.get("state", "resident") == "resident"
+
+
+def load_error(worker: Mapping[str, str]) -> str:
+    """Why the worker could not load the model ("" unless its state is failed)."""
+    return worker.get("load_error", "") if worker.get("state") == "failed" else ""
+
+
+def load_s(worker: Mapping[str, str]) -> float:
+    """The worker's mean seconds to load the model (0 before its first load)."""
+    loads = counter(worker, "loads")
+    return counter(worker, "load_seconds") / loads if loads else 0.0
 
 
 def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str, Any], ttl_s: float) -> None:

@@ -15,6 +15,12 @@ did; several as `items`, a list of such maps, with their count `n` written
 right after `v`, where the take script reads it without decoding the message
 (`item_count`, common/link/lua/take.lua). A reply answers its job's items likewise:
 `outputs`, or `items` in the job's order; an error answers the job whole.
+
+An item may carry a context: what the task's preprocess learned of it that its
+result needs (an original size, a true length), a map of msgpack-safe values of
+at most MAX_CONTEXT_BYTES, never fed to the model. A job whose items have any
+carries `contexts`, one per item (nil for an item without), before its tensors;
+a job without is as it was before contexts (JOB_FORMAT 3).
 """
 
 from __future__ import annotations
@@ -30,9 +36,13 @@ import numpy as np
 VERSION = 1
 # The newest job format a worker reads (it reads every older one), which it publishes in the
 # registry (`wire`, common/contracts/registry.py): 1, one item a job (`inputs`); 2, a job of several items
-# (`items`, `n`). The web tier makes a model version's jobs in the oldest format its live workers
-# read, so a web tier and the workers of the release before or after it serve side by side.
-JOB_FORMAT = 2
+# (`items`, `n`); 3, items with a context (`contexts`). The web tier makes a model version's jobs in
+# the oldest format its live workers read, so a web tier and the workers of the release before or
+# after it serve side by side.
+JOB_FORMAT = 3
+CONTEXT_FORMAT = 3  # the first job format whose readers hand an item's context to the task
+MAX_CONTEXT_BYTES = 64 * 1024  # one item's context, packed
+MAX_CONTEXT_DEPTH = 8
 MAX_JOB_ITEMS = 0xFFFF  # the count is a msgpack fixint, uint8 or uint16: what take.lua reads
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_TENSOR_DIMS = 8
@@ -161,11 +171,64 @@ class Job:
     request_id: str = ""  # the request's X-Request-ID, for the worker's log lines about it
     priority: str = ""  # its lane, "high" or "low" ("": normal, contracts/priority.py): recovery requeues it there
     cache: str = ""  # its one item's result-cache ident, "<scope>:<digest>" (common/result_cache.py; "": none)
+    contexts: list[dict[str, Any] | None] | None = None  # each item's context (None: the job's items have none)
+
+
+# -- item contexts ---------------------------------------------------------
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def check_context(context: Any) -> None:
+    """WireError unless context is a map of msgpack-safe values (None, bool, int, float, str, lists,
+    maps with str keys, nested at most MAX_CONTEXT_DEPTH deep) of at most MAX_CONTEXT_BYTES packed."""
+    if type(context) is not dict:
+        raise WireError(f"a context is a map, not {type(context).__name__}")
+    _check_value(context, 0)
+    try:
+        size = len(_pack(context))
+    except (OverflowError, ValueError) as exc:  # an int past 64 bits
+        raise WireError(f"a context value cannot go on the wire: {exc}") from None
+    if size > MAX_CONTEXT_BYTES:
+        raise WireError(f"a context of {size} bytes packed exceeds {MAX_CONTEXT_BYTES}")
+
+
+def _check_value(value: Any, depth: int) -> None:
+    kind = type(value)
+    if kind in _SCALARS:
+        return
+    if depth >= MAX_CONTEXT_DEPTH:
+        raise WireError(f"a context nests deeper than {MAX_CONTEXT_DEPTH}")
+    if kind is list:
+        for element in value:
+            _check_value(element, depth + 1)
+    elif kind is dict:
+        for key, element in value.items():
+            if type(key) is not str:
+                raise WireError(f"a context's keys are strings, not {type(key).__name__}")
+            _check_value(element, depth + 1)
+    else:  # numpy scalars and arrays included: float(x), x.tolist()
+        raise WireError(f"a context holds None, bool, int, float, str, lists and maps, not {kind.__qualname__}")
+
+
+def _contexts(obj: dict, count: int) -> list[dict[str, Any] | None] | None:
+    """A job's item contexts: optional (None for jobs without, and from before contexts)."""
+    contexts = _field(obj, "contexts", list, optional=True)
+    if contexts is None:
+        return None
+    if len(contexts) != count:
+        raise WireError(f"a job of {count} items has {len(contexts)} contexts")
+    for context in contexts:
+        if context is not None:
+            check_context(context)
+    return contexts
 
 
 def encode_job(job: Job) -> bytes:
     if not 0 < len(job.items) <= MAX_JOB_ITEMS:
         raise WireError(f"a job holds 1 to {MAX_JOB_ITEMS} items, not {len(job.items)}")
+    if job.contexts is not None and len(job.contexts) != len(job.items):
+        raise WireError(f"a job of {len(job.items)} items has {len(job.contexts)} contexts")
     items = [{name: pack_tensor(t) for name, t in item.items()} for item in job.items]
     return _pack({
         "v": VERSION,
@@ -176,6 +239,9 @@ def encode_job(job: Job) -> bytes:
         # Only when set: an untraced job is no bigger than before.
         **({"trace": job.trace} if job.trace else {}), **({"request_id": job.request_id} if job.request_id else {}),
         **({"priority": job.priority} if job.priority else {}), **({"cache": job.cache} if job.cache else {}),
+        # Only when an item has one (checked by the web tier as it prepares it, and here as it is read):
+        # a job without is what a worker of JOB_FORMAT 2 reads.
+        **({"contexts": job.contexts} if job.contexts is not None else {}),
         # Last, so that peek_job reads the fields before them without unpacking the tensors. One
         # item as jobs always were (any worker reads it); several as a list.
         **({"inputs": items[0]} if len(items) == 1 else {"items": items}),
@@ -232,8 +298,9 @@ def item_count(data: bytes) -> int:
 
 def decode_job(data: Any) -> Job:
     obj = _unpack(data)
+    items = _items(obj)
     return Job(
-        id=_field(obj, "id", str), model=_field(obj, "model", str), items=_items(obj),
+        id=_field(obj, "id", str), model=_field(obj, "model", str), items=items,
         reply_to=_field(obj, "reply_to", str), deadline=_field(obj, "deadline", int),
         enqueued=_field(obj, "enqueued", int), attempt=_field(obj, "attempt", int),
         raw=bool(_field(obj, "raw", bool, optional=True)),  # optional: jobs of version-1 webs lack it
@@ -242,6 +309,7 @@ def decode_job(data: Any) -> Job:
         request_id=_field(obj, "request_id", str, optional=True) or "",
         priority=_lane(obj),
         cache=_cache_ident(obj),
+        contexts=_contexts(obj, len(items)),  # optional: absent when no item has one
     )
 
 

@@ -15,10 +15,19 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from funnel.common.store import ModelSpec
-from funnel.common.tasks.base import INPUT_KINDS, InputKind, Inputs, Task
+from funnel.common.tasks.base import (
+    INPUT_KINDS,
+    Context,
+    InputKind,
+    Inputs,
+    Prepared,
+    Task,
+    Upload,
+    WithContext,
+)
 
-__all__ = ["Task", "Inputs", "InputKind", "INPUT_KINDS", "ENTRY_POINT_GROUP", "task_class", "load",
-           "registered"]
+__all__ = ["Task", "Inputs", "InputKind", "INPUT_KINDS", "Context", "Prepared", "Upload", "WithContext",
+           "ENTRY_POINT_GROUP", "task_class", "load", "registered"]
 
 ENTRY_POINT_GROUP = "funnel.tasks"
 
@@ -47,6 +56,8 @@ def task_class(name: str) -> type[Task]:
     if getattr(found, "input_kind", None) not in INPUT_KINDS:
         raise ValueError(f"task {name!r} declares input_kind {getattr(found, 'input_kind', None)!r}; "
                          f"one of {', '.join(INPUT_KINDS)}")
+    if found.input_kind == "file" and not found.content_types:
+        raise ValueError(f"task {name!r} takes files but declares no content_types")
     return found
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 
@@ -23,20 +24,55 @@ from funnel.common.result_cache import CachePolicy
 from funnel.common.store import ModelSpec
 
 Inputs = dict[str, np.ndarray]
+# What preprocess learned of an item that its result needs (an original size, a scale, a true
+# length): msgpack-safe values only (None, bool, int, float, str, lists, maps with str keys),
+# bounded in size by the wire (common/contracts/wire.py, MAX_CONTEXT_BYTES).
+Context = dict[str, Any]
 # How a request carries its items, which decides how the web tier reads the request and how the
-# page, the client and the CLI offer the model: an image upload, JSON texts, or any JSON values.
-InputKind = Literal["image", "text", "json"]
-INPUT_KINDS: tuple[InputKind, ...] = ("image", "text", "json")
+# page, the client and the CLI offer the model: an image upload, JSON texts, any JSON values, or
+# any file of the content types the task declares.
+InputKind = Literal["image", "text", "json", "file"]
+INPUT_KINDS: tuple[InputKind, ...] = ("image", "text", "json", "file")
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """A `file` task's item: the uploaded bytes and the content type they came as (one the task declares)."""
+
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class WithContext:
+    """What `preprocess` returns for an item whose result needs more than the model's rows: its arrays
+    (the job's, fed to `collate`) and its context (never fed to the model; handed to `postprocess`)."""
+
+    inputs: Inputs
+    context: Context
+
+
+Prepared: TypeAlias = Inputs | WithContext  # what preprocess returns
+
+
+def split(prepared: Prepared) -> tuple[Inputs, Context | None]:
+    """An item's arrays and its context (None: the task keeps none)."""
+    if type(prepared) is WithContext:
+        return prepared.inputs, prepared.context
+    return prepared, None  # type: ignore[return-value]
 
 
 class Task(abc.ABC):
     """One kind of model: image classification, text embedding, or your own.
 
-    Subclasses set `input_kind`, may declare `default_limits`, and implement
-    `preprocess`, `check`, `collate` and `postprocess`.
+    Subclasses set `input_kind`, may declare `default_limits` (and, for `file`,
+    `content_types`), and implement `preprocess`, `check`, `collate` and `postprocess`.
     """
 
     input_kind: ClassVar[InputKind]
+    # A `file` task's content types (e.g. "audio/wav", or "image/*" for a family): an upload of any
+    # other is refused 415, naming these. Unused by the other kinds.
+    content_types: ClassVar[tuple[str, ...]] = ()
     # Per-item limits the web tier enforces, name -> default. model.json's "limits" and the web's
     # FUNNEL_LIMITS override them; GET /v1/models shows each model's.
     default_limits: ClassVar[Mapping[str, int]] = {}
@@ -65,8 +101,10 @@ class Task(abc.ABC):
         return None  # a task that reads no files of its own in the web tier
 
     @abc.abstractmethod
-    def preprocess(self, item: Any) -> Inputs:
-        """One request item (bytes of an image, a text, a JSON value) -> its named arrays (an item of the job).
+    def preprocess(self, item: Any) -> Prepared:
+        """One request item (bytes of an image, a text, a JSON value, an Upload) -> its named arrays
+        (an item of the job), or WithContext(arrays, context) when its result needs what this learned
+        of it: the context travels with the item and reaches `postprocess`, never the model.
 
         Raise funnel.common.errors.BadInput (400) with a clear message for an
         item this model cannot take.
@@ -108,5 +146,9 @@ class Task(abc.ABC):
         """The jobs' arrays -> one batch of feeds, named as the backend's inputs."""
 
     @abc.abstractmethod
-    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
-        """One item's row of the model's outputs -> its result (JSON-able, or numpy arrays)."""
+    def postprocess(self, row: dict[str, np.ndarray], context: Context | None = None) -> dict[str, Any]:
+        """One item's row of the model's outputs -> its result (JSON-able, or numpy arrays).
+
+        `context` is what `preprocess` returned beside the item's arrays (WithContext); a task that
+        returns none is called with the row alone, so `postprocess(self, row)` suffices for it.
+        """

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from funnel.common.errors import BadInput
-from funnel.common.tasks.base import Inputs, Task
+from funnel.common.tasks.base import Context, Inputs, Task
 from funnel.common.tasks.imaging import center_crop
 
 
@@ -59,7 +59,7 @@ class ImageClassification(Task):
     def labels(self) -> tuple[str, ...]:
         return tuple(self.spec.file("labels").read_text().splitlines())
 
-    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
+    def postprocess(self, row: dict[str, np.ndarray], context: Context | None = None) -> dict[str, Any]:
         probabilities = row["probabilities"]
         top = np.argsort(-probabilities)[: self.top_k]
         return {"predictions": [

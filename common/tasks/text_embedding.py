@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from funnel.common.errors import BadInput
-from funnel.common.tasks.base import Inputs, Task
+from funnel.common.tasks.base import Context, Inputs, Task
 from funnel.common.tasks.buckets import group_by_width
 
 # What one more run costs, in padded tokens (model.json's "run_cost_tokens" overrides it). On the CPU a
@@ -115,6 +115,6 @@ class TextEmbedding(Task):
             mask[row, :n] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
-    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
+    def postprocess(self, row: dict[str, np.ndarray], context: Context | None = None) -> dict[str, Any]:
         return {"embedding": np.asarray(row["embedding"], dtype=np.float32)}
 

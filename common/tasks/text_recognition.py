@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from funnel.common.errors import BadInput
-from funnel.common.tasks.base import Inputs, Task
+from funnel.common.tasks.base import Context, Inputs, Task
 from funnel.common.tasks.buckets import group_by_width
 from funnel.common.tasks.imaging import decode
 
@@ -106,7 +106,7 @@ class TextRecognition(Task):
         listed = self.spec.file("characters").read_text(encoding="utf-8").split("\n")[:-1]
         return ("", *listed, " ")
 
-    def postprocess(self, row: dict[str, np.ndarray]) -> dict[str, Any]:
+    def postprocess(self, row: dict[str, np.ndarray], context: Context | None = None) -> dict[str, Any]:
         indices, scores = row["indices"], row["scores"]
         kept = indices != 0
         kept[1:] &= indices[1:] != indices[:-1]

@@ -122,11 +122,24 @@ def test_compose_sentinel_profile_validates(name):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     services = yaml.safe_load(done.stdout)["services"]
-    assert {n for n, config in services.items() if config.get("profiles")} == SENTINEL_SERVICES
+    assert {n for n, config in services.items() if config.get("profiles") == ["sentinel"]} == SENTINEL_SERVICES
     assert all(services[n]["profiles"] == ["sentinel"] for n in SENTINEL_SERVICES)
     assert {services[n]["image"] for n in SENTINEL_SERVICES | {"redis"}} == {"mirror/redis:7"}
     for service in ("web", *WORKERS):
         assert services[service]["environment"]["FUNNEL_REDIS_URL"] == url
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_many_profile_is_one_worker_for_every_model(name):
+    env = {**CLEAN_ENV, "FUNNEL_MAX_RESIDENT": "2", "DOCKER_HOST": "unix:///nonexistent"}
+    done = subprocess.run([docker_compose(), "-f", name, "--profile", "many", "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    many = services["worker-many"]
+    assert many["profiles"] == ["many"] and many["image"] == services["worker-text"]["image"]
+    assert many["environment"]["FUNNEL_MODELS"] == "*" and many["environment"]["FUNNEL_MAX_RESIDENT"] == "2"
+    assert "FUNNEL_MODEL" not in many["environment"]
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
@@ -209,7 +222,9 @@ def test_workers_reserve_gpus_by_default_and_not_on_cpu():
         assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
         assert gpu[worker]["environment"]["FUNNEL_DEVICE"] == "auto"
         assert cpu[worker]["build"]["target"] == "cpu"
-        assert "deploy" not in cpu[worker]
+        assert cpu[worker]["deploy"] == {"replicas": 2}  # sharing the cores, as funnel up lays them out
+        assert (cpu[worker]["environment"]["FUNNEL_INTRA_OP_THREADS"], cpu[worker]["environment"]["FUNNEL_SPINNING"]) \
+            == ("1/2", "0")
         assert cpu[worker]["environment"]["FUNNEL_DEVICE"] == "cpu"
     for services in (gpu, cpu):
         for worker in WORKERS:  # --scale needs both
@@ -218,16 +233,18 @@ def test_workers_reserve_gpus_by_default_and_not_on_cpu():
 
 
 def test_cpu_file_is_the_gpu_file_on_the_cpu():
-    """Two whole files (Compose cannot drop a reservation in an override): keep them in step."""
+    """Two whole files (Compose cannot drop a reservation in an override): keep them in step. On the
+    CPU each worker's two replicas share the cores."""
     gpu = load_compose("docker-compose.yml", CLEAN_ENV)
     cpu = load_compose("docker-compose.cpu.yml", CLEAN_ENV)
-    for worker in WORKERS:
+    for worker in (*WORKERS, "worker-many"):
         service = gpu["services"][worker]
         service["build"]["target"] = "cpu"
         assert service["image"] == "funnel-worker:cuda"
         service["image"] = "funnel-worker:cpu"
-        del service["deploy"]
+        service["deploy"] = {"replicas": 2}
         service["environment"]["FUNNEL_DEVICE"] = "cpu"
+        service["environment"].update(FUNNEL_INTRA_OP_THREADS="1/2", FUNNEL_SPINNING="0")
         del service["environment"]["FUNNEL_DEVICES"]
     assert gpu == cpu
 

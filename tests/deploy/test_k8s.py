@@ -28,12 +28,14 @@ KUBERNETES_VERSIONS = ["1.29", "1.37"]  # the oldest and newest this is meant fo
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
 SENTINEL_EXAMPLE = "keda-sentinel.example.yaml"  # the scalers for Redis behind Sentinel, applied instead
 CLUSTER_EXAMPLE = "keda-cluster.example.yaml"  # the scalers for a Redis Cluster, applied instead
-EXAMPLES = {"redis-secret.example.yaml", SENTINEL_EXAMPLE, CLUSTER_EXAMPLE}  # never applied by the kustomization
+MANY_EXAMPLE = "worker-many.example.yaml"  # one worker for every model, applied in place of per-model workers
+EXAMPLES = {"redis-secret.example.yaml", SENTINEL_EXAMPLE, CLUSTER_EXAMPLE, MANY_EXAMPLE}  # never applied
 
 
 def resources() -> list[tuple[str, dict]]:
     return [(name, doc) for name, docs in k8s_documents().items() if name not in ("kustomization.yaml",
-                                                                                   SENTINEL_EXAMPLE, CLUSTER_EXAMPLE)
+                                                                                   SENTINEL_EXAMPLE, CLUSTER_EXAMPLE,
+                                                                                   MANY_EXAMPLE)
             for doc in docs]
 
 
@@ -84,6 +86,18 @@ def test_builtin_kinds_validate_strictly(version):
             pytest.fail(f"{name}: {doc['kind']}/{doc['metadata']['name']}: {path}: {exc.message}")
         checked += 1
     assert checked >= 7
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_many_models_worker_validates_and_serves_every_model(version):
+    (deployment,) = k8s_documents()[MANY_EXAMPLE]
+    kubernetes_validate.validate(deployment, version, strict=True)
+    (container,) = containers(deployment)
+    env = {name: entry.get("value") for name, entry in env_of(container).items()}
+    assert env["FUNNEL_MODELS"] == "*" and "FUNNEL_MODEL" not in env
+    assert int(env["FUNNEL_MAX_RESIDENT"]) >= 1 and float(env["FUNNEL_MAX_RESIDENT_MB"]) > 0
+    assert env["FUNNEL_DEVICE"] == "cuda:0" and container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert set(env) <= setting_names()["worker"], set(env)
 
 
 def test_the_validator_catches_mistakes():

@@ -157,7 +157,7 @@ def lose_the_race(task, client, rival_client, keys) -> str:
     winner's job and leaves no record or item of its own. The winner's id."""
     rival = JobStore(rival_client, keys, TTL_S)
     winner_id = jobs.new_job_id()
-    payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [task.preprocess("the winner")])
+    payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [(task.preprocess("the winner"), None)])
     raced = Raced(client, keys, TTL_S, rival, dict(
         job_id=winner_id, model=MODEL, created_ms=now_ms(), items=payloads, body_sha256="same",
         idempotency_key="race", caller=ANYONE))
@@ -393,7 +393,7 @@ def test_with_job_replicas_a_job_is_accepted_only_once_a_replica_holds_it(task, 
     store = JobStore(connect(sentinels.url, socket_timeout=5), keys, TTL_S, replicas=1)
     replica = redis.Redis(port=sentinels.replica.port)
     job_id = jobs.new_job_id()
-    payloads = store.item_payloads(job_id, MODEL, now_ms(), [task.preprocess("kept")])
+    payloads = store.item_payloads(job_id, MODEL, now_ms(), [(task.preprocess("kept"), None)])
     store.create(job_id, MODEL, now_ms(), payloads, "sha", idempotency_key="kept", caller=ANYONE)
     assert replica.exists(keys.job(job_id)) and replica.llen(keys.bulk(MODEL)) == 1  # there at the 202
     sentinels.replica.stop()

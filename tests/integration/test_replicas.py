@@ -224,7 +224,7 @@ def test_on_a_cluster_a_bulk_job_is_accepted_once_the_replicas_of_both_its_nodes
                     if cluster.node_of(keys.job(job_id)) is not model_node)
 
     def submit(job_id: str, key: str) -> jobs.Record:
-        payloads = store.item_payloads(job_id, MODEL, now_ms(), INPUTS)
+        payloads = store.item_payloads(job_id, MODEL, now_ms(), [(item, None) for item in INPUTS])
         return store.create(job_id, MODEL, now_ms(), payloads, f"sha-{key}", idempotency_key=key,
                             caller=jobs.Caller.anyone())[0]
 

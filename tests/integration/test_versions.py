@@ -122,7 +122,8 @@ def test_each_version_takes_only_its_own_queue_and_names_itself(redis_client, re
         rows = {tuple(line.split()[:3]) for line in inspected.stdout.splitlines()}
         assert (MODEL, "1", "1") in rows and (MODEL, "2", "1") in rows, inspected.stdout
         assert "traffic 1=90 2=10; unpinned requests go to version 1 90%, version 2 10%" in inspected.stdout
-        assert "w-v2: text-embedding onnx cpu batch 32 | version 2 | speaks wire 2, lanes |" in inspected.stdout
+        speaks = f"speaks wire {wire.JOB_FORMAT}, lanes"
+        assert f"w-v2: text-embedding onnx cpu batch 32 | version 2 | {speaks} |" in inspected.stdout
     assert all(r.ok and r.version == 1 and r.worker == "w-v1" for r in got_ones)
     assert all(r.ok and r.version == 2 and r.worker == "w-v2" for r in got_twos)
     # The same model linked in twice: the same embeddings from either version.

@@ -88,7 +88,7 @@ def test_funnel_up_hands_batch_size_and_linger_to_its_workers(tmp_path):
     workers = worker_settings(up)
     assert sorted(workers) == ["image-classifier", "text-embedding"]
     for model, worker in workers.items():
-        assert (worker.model, worker.batch_size, worker.linger_ms) == (model, 8, 2.5)
+        assert (worker.model, worker.batch_size, worker.linger_ms) == ([model], 8, 2.5)
 
 
 def test_funnel_up_options_per_model_win_over_the_environment(tmp_path):
@@ -112,13 +112,13 @@ def test_funnel_up_serves_each_models_highest_version_and_a_worker_may_name_one(
     for version in (1, 3):  # a versioned entry: its workers load the highest version at their start
         (tmp_path / "text-embedding" / str(version)).mkdir(parents=True)
         (tmp_path / "text-embedding" / str(version) / "model.json").write_text("{}")
-    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=8", "--no-front-door"],
-                     environ={})
+    up = stack.build(["--model-store", str(store), "--batch-size", "text-embedding=8", "--no-front-door",
+                      "--workers-per-model", "1"], environ={})
     assert up.models == up.worker_models == ["image-classifier", "text-embedding"]
-    assert {m: w.model for m, w in worker_settings(up).items()} == {m: m for m in up.models}
+    assert {m: w.model for m, w in worker_settings(up).items()} == {m: [m] for m in up.models}
     # NAME:N starts a worker of version N, with the model's own settings.
     pinned = settings.load(WorkerSettings, [], environ=up.worker_environment("text-embedding:1"))
-    assert (pinned.model, pinned.batch_size) == ("text-embedding:1", 8)
+    assert (pinned.model, pinned.batch_size) == (["text-embedding:1"], 8)
     assert stack.model_name("text-embedding:1") == "text-embedding"
 
 

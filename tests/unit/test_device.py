@@ -43,6 +43,19 @@ def test_fewest_live_workers_of_any_model(redis_client, keys):
     assert devices.choose(redis_client, keys, GPUS[:3], "new2") == "cuda:1"  # tie: the first
 
 
+def test_a_worker_of_several_models_counts_once(redis_client, keys):
+    beat = Heartbeat(redis_client, keys, "many.a.1", {"model": "a", "backend": "onnx", "device": "cuda:0"},
+                     recovery=None, ttl_s=30)
+    for model in ("b", "c"):
+        beat.join(f"many.{model}.1", {"model": model, "backend": "onnx", "device": "cuda:0"})
+    for member in beat.members:
+        member.live = lambda: {"process": "many", "state": "cold", "load_error": ""}
+    beat.beat()
+    register(redis_client, keys, "one", "cuda:1")
+    assert devices.live_counts(redis_client, keys) == {"cuda:0": 1, "cuda:1": 1}
+    assert devices.choose(redis_client, keys, ["cuda:1", "cuda:0"], "new") == "cuda:1"  # a tie: the first
+
+
 def test_dead_workers_do_not_count(redis_client, keys):
     register(redis_client, keys, "live", "cuda:1")
     for i in range(3):

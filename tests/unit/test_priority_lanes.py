@@ -3,6 +3,8 @@ the lanes with floor shares, and how the names clients send are read."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -244,3 +246,24 @@ def test_short_or_hand_pushed_messages_count_one_item_at_least_and_never_break_t
     assert first.jobs == SHORT[:4]  # four messages, one item each: oldest first
     rest = queue.take(100, Linger(0), 0.1)
     assert len(first.jobs + rest.jobs) == len(SHORT) + 1 and first.left == rest.left == 0
+
+
+def take_scripts(redis_client) -> int:
+    return sum(stats["calls"] for name, stats in redis_client.info("commandstats").items()
+               if name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_a_batch_the_linger_will_not_wait_for_costs_one_take_script(redis_client, keys, blocked):
+    """A batch that the linger runs at once costs one take script after the job is in hand (blocked: one
+    before, which found the queues empty, and one after the wake): another right after the one that
+    emptied the queues would find nothing."""
+    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue.take(4, Linger(0), 0.01)  # the leftovers' check, once
+    if blocked:
+        threading.Timer(0.2, lambda: redis_client.lpush(keys.queue(MODEL), job("normal", 0))).start()
+    else:
+        redis_client.lpush(keys.queue(MODEL), job("normal", 0))
+    before = take_scripts(redis_client)
+    assert [decode_job(raw).id for raw in queue.take(4, Linger(0), 5).jobs] == ["normal-0"]
+    assert take_scripts(redis_client) - before == (2 if blocked else 1)

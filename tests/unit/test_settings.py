@@ -39,8 +39,26 @@ def test_worker_flags_mirror_variables(monkeypatch):
     monkeypatch.setenv("FUNNEL_MODEL", "text-embedding")
     monkeypatch.setenv("FUNNEL_BATCH_SIZE", "8")
     s = WorkerSettings.load(["--linger-ms", "2.5", "--backend", "torch"])
-    assert (s.model, s.batch_size, s.linger_ms, s.backend) == ("text-embedding", 8, 2.5, "torch")
+    assert (s.model, s.batch_size, s.linger_ms, s.backend) == (["text-embedding"], 8, 2.5, "torch")
     assert s.worker_id  # generated
+
+
+def test_model_given_again_serves_several(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUNNEL_MODEL", "from-env")
+    assert WorkerSettings.load([]).model == ["from-env"]
+    s = WorkerSettings.load(["--model", "a", "--model", "b:2,c"])  # flags replace the variable, and add up
+    assert s.model == ["a", "b:2", "c"]
+    for name in ("a", "x-one", "x-two", "y"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.json").write_text("{}")
+    s = WorkerSettings.load(["--model", "a", "--models", "x-*", "--model-store", str(tmp_path)])
+    assert s.served() == ["a", "x-one", "x-two"]
+    monkeypatch.delenv("FUNNEL_MODEL")
+    assert WorkerSettings.load(["--models", "*", "--model-store", str(tmp_path)]).served() == [
+        "a", "x-one", "x-two", "y"]
+    assert WorkerSettings.load(["--models", "y, x-t*", "--model-store", str(tmp_path)]).served() == ["x-two", "y"]
+    with pytest.raises(SystemExit):
+        WorkerSettings.load(["--model", "a", "--max-resident", "-1"])
 
 
 def test_bad_values_are_refused(monkeypatch):

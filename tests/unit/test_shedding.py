@@ -54,6 +54,26 @@ def test_capacity_sums_the_workers_rates():
     assert capacity([], MODEL).workers == ()
 
 
+def test_a_process_serving_several_models_shares_its_rate_among_those_it_holds_loaded():
+    alone = capacity([worker("solo")], MODEL).rate
+    # One process, "many", serves four models: three loaded, one cold; and a one-model worker beside it.
+    states = {MODEL: "resident", "b": "resident", "c": "loading", "d": "cold"}
+    members = [{**worker(f"many.{m}.1", model=m), "process": "many", "state": state} for m, state in states.items()]
+    view = [*members, worker("solo")]
+    assert capacity(view, MODEL).rate == pytest.approx(alone + alone / 3)  # a third of the process, and solo
+    assert capacity(view, "d").rate == pytest.approx(alone / 3)  # loading it puts one of the three out
+    # Traffic on every model it holds runs at the process's rate in sum, not three times it.
+    assert sum(capacity(members, m).rate for m in (MODEL, "b", "c")) == pytest.approx(alone)
+    # A process holding one model loaded gives it all its time; one holding none, its cold models too.
+    one = [{**m, "state": "cold" if m["model"] != MODEL else "resident"} for m in members]
+    assert capacity(one, MODEL).rate == pytest.approx(alone) and capacity(one, "b").rate == pytest.approx(alone)
+    idle = [{**m, "state": "cold"} for m in members]
+    assert capacity(idle, "b").rate == pytest.approx(alone)
+    # A member not timed yet counts as the mean of the model's timed workers, its share as any member's.
+    untimed = [{**m, **({"item_seconds": "", "batch_seconds": ""} if m["model"] == MODEL else {})} for m in members]
+    assert capacity([*untimed, worker("solo")], MODEL).rate == pytest.approx(alone + alone / 3)
+
+
 def test_the_wait_grows_with_the_work_ahead_and_is_never_below_one_batch():
     cap = capacity([worker("a")], MODEL)
     one_batch = (0.01 * 1 + 0.02) * shedding.SAFETY + shedding.OVERHEAD_S

@@ -258,3 +258,50 @@ def test_a_reply_of_several_items_round_trips_and_splits_into_one_per_item():
     failed = wire.decode_reply(wire.encode_reply(Reply.failure("j", "bad_input", "no", item=3)))
     assert failed.item == 3 and failed.each() == [failed]
     assert wire.decode_reply(wire.encode_reply(Reply.failure("j", "bad_input", "no"))).item == -1
+
+
+# -- item contexts ---------------------------------------------------------
+
+CONTEXT = {"size": [640, 480], "scale": 0.1, "pad": [0, 8], "name": "cat.jpg", "ok": True, "none": None,
+           "nested": {"words": [[0, 3], [4, 9]]}}
+
+
+def test_item_contexts_round_trip_beside_their_items_and_recovery_keeps_them():
+    job = Job(id="j", model="m", items=[{"x": np.arange(3, dtype=np.int32)}] * 3, reply_to="r", deadline=1,
+              contexts=[CONTEXT, None, {"n": 1}])
+    back = wire.decode_job(wire.encode_job(job))
+    assert back.contexts == [CONTEXT, None, {"n": 1}]
+    assert wire.decode_job(wire.encode_job(back)).contexts == back.contexts  # requeued as read
+    assert wire.item_count(wire.encode_job(job)) == 3 and wire.peek_job(wire.encode_job(job))["id"] == "j"
+
+
+def test_a_job_without_contexts_is_the_bytes_it_always_was():
+    data = wire.encode_job(make_job())
+    assert b"contexts" not in data and wire.decode_job(data).contexts is None
+
+
+@pytest.mark.parametrize("bad, says", [
+    ([1, 2], "a context is a map"),
+    ({"x": np.float32(1.0)}, "not float32"),
+    ({"x": np.arange(3)}, "not ndarray"),
+    ({"x": b"raw"}, "not bytes"),
+    ({"x": {1: "a"}}, "keys are strings"),
+    ({"x": 2 ** 70}, "cannot go on the wire"),
+    ({"x": "a" * (wire.MAX_CONTEXT_BYTES + 1)}, "exceeds"),
+    ({"x": [[[[[[[[[1]]]]]]]]]}, "deeper"),
+])
+def test_a_context_the_wire_cannot_carry_is_refused(bad, says):
+    with pytest.raises(WireError, match=says):
+        wire.check_context(bad)
+
+
+@pytest.mark.parametrize("contexts, says", [
+    ([{"a": 1}, {"b": 2}], "1 items has 2 contexts"),
+    ([[1]], "a context is a map"),
+    ("nope", "wrong type"),
+])
+def test_a_job_whose_contexts_are_wrong_is_a_wire_error(contexts, says):
+    obj = msgpack.unpackb(wire.encode_job(make_job()), raw=False)
+    obj["contexts"] = contexts
+    with pytest.raises(WireError, match=says):
+        wire.decode_job(msgpack.packb(obj, use_bin_type=True))

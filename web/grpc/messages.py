@@ -51,7 +51,8 @@ def read_inputs(request: pb.ModelInferRequest, max_items: int) -> dict[str, Tens
             value = from_binary(spec.name, spec.datatype, count, memoryview(raw[i]))
         else:
             value = from_contents(spec, count)
-        tensors[spec.name] = Tensor(spec.name, spec.datatype, shape, value)
+        given = spec.parameters["content_type"].string_param if "content_type" in spec.parameters else ""
+        tensors[spec.name] = Tensor(spec.name, spec.datatype, shape, value, given)
     return tensors
 
 

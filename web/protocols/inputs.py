@@ -4,6 +4,8 @@
            a bulk job's images: multipart, one `file` field each (read_images)
     text   JSON {"text": "..."} or {"texts": ["...", ...]}
     json   JSON {"input": <any JSON value>} or {"inputs": [<value>, ...]}
+    file   files of the content types the task declares: multipart, one `file` field each (one item
+           each), or a raw body of one of those types; each item an Upload (bytes, content type)
 
 Returns (items, single): single answers with one result at the top level,
 otherwise with "results" in request order.
@@ -16,12 +18,16 @@ from typing import Any
 from werkzeug.wrappers import Request
 
 from funnel.common.errors import BadInput, UnsupportedMediaType
-from funnel.common.tasks import InputKind
+from funnel.common.tasks import Task, Upload
 
 
-def read_items(kind: InputKind, request: Request, max_items: int) -> tuple[list[Any], bool]:
+def read_items(task: Task, request: Request, max_items: int) -> tuple[list[Any], bool]:
+    kind = task.input_kind
     if kind == "image":
         return [read_image(request)], True
+    if kind == "file":
+        files = read_files(task, request, max_items)
+        return files, len(files) == 1  # one file is answered as one, several as "results"
     one, many = ("text", "texts") if kind == "text" else ("input", "inputs")
     items, single = read_json_items(request, one, many, max_items)
     if kind == "text" and not all(isinstance(t, str) for t in items):
@@ -44,6 +50,35 @@ def read_image(request: Request) -> bytes:
     if not data:
         raise BadInput("the image is empty", code="empty_input")
     return data
+
+
+def content_type(task: Task, given: str) -> str:
+    """The content type of a `file` task's upload, if the task declares it (exactly, or as "type/*");
+    else 415, naming the ones it takes."""
+    mimetype = given.split(";", 1)[0].strip().lower()
+    for declared in task.content_types:
+        if mimetype == declared or declared.endswith("/*") and mimetype.startswith(declared[:-1]):
+            return mimetype
+    raise UnsupportedMediaType(f"{task.spec.name} takes files of {', '.join(task.content_types)}, "
+                               f"not {mimetype or 'no content type'}")
+
+
+def read_files(task: Task, request: Request, max_items: int) -> list[Upload]:
+    """A `file` task's items: each multipart `file` field (one item each), or the raw body."""
+    if request.mimetype == "multipart/form-data":
+        uploads = request.files.getlist("file")
+        if not uploads:
+            raise BadInput("multipart upload needs a field named 'file' (one per item)", code="missing_file")
+        if len(uploads) > max_items:
+            raise BadInput(f"{len(uploads)} files in one request; the limit is {max_items}", code="too_many_items")
+        files = [Upload(upload.read(), content_type(task, upload.mimetype)) for upload in uploads]
+    else:
+        files = [Upload(request.get_data(), content_type(task, request.mimetype))]
+    for i, upload in enumerate(files):
+        if not upload.data:
+            raise BadInput(f"item {i}: the file is empty" if len(files) > 1 else "the file is empty",
+                           code="empty_input")
+    return files
 
 
 def read_images(request: Request, max_items: int) -> list[bytes]:

@@ -73,7 +73,11 @@ class OpenAIEmbeddings:
         return model
 
     def parse(self, task: Task, request: Request) -> Work[str]:
-        body = self._body(request)
+        return self.read(task, self._body(request))
+
+    def read(self, task: Task, body: dict) -> Work[str]:
+        """A request body's texts, and how to write their vectors (the context): a request's, or a
+        batch line's (protocols/openai_batch.py)."""
         if not is_embedding_model(task):
             raise BadParam("model", f"{task.spec.name} does not give embeddings; GET /v1/models lists those "
                            "that do", code="model_not_supported")
@@ -109,15 +113,8 @@ class OpenAIEmbeddings:
         return body
 
     def render(self, task: Task, work: Work[str], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
-        as_base64 = work.context == "base64"
-        data = []
-        for i, reply in enumerate(served.replies):
-            vector = np.asarray((reply.outputs or {})["embedding"], dtype="<f4")
-            embedding: Any = base64.b64encode(vector.tobytes()).decode() if as_base64 else vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding})
-        tokens = sum(int(np.size(item.get("input_ids", ()))) for item in served.prepared)
-        body = {"object": "list", "data": data, "model": task.spec.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        body = answer(task.spec.name, [(reply.outputs or {})["embedding"] for reply in served.replies],
+                      work.context == "base64", tokens_of(served.prepared))
         return orjson.dumps(body, option=OPTIONS), []
 
     def render_error(self, error: Exception, request: Request) -> Rendered:
@@ -131,8 +128,27 @@ class OpenAIEmbeddings:
             code, param = "model_not_found", "model"
         if param is None and isinstance(error, FunnelError) and error.status == 400 and code != "bad_json":
             param = "input"  # the task's refusals (empty, too long) are of the texts
-        return status, orjson.dumps({"error": {"message": message, "type": error_type(status), "param": param,
-                                               "code": code}}), headers
+        return status, orjson.dumps(error_body(status, code, message, param)), headers
+
+
+def tokens_of(prepared: list) -> int:
+    """The token ids the web tier's tokenizer made of these items: an answer's usage."""
+    return sum(int(np.size(item.get("input_ids", ()))) for item in prepared)
+
+
+def answer(model: str, vectors: list, as_base64: bool, tokens: int) -> dict:
+    """The embeddings API's answer: each vector as floats or base64 (little-endian float32)."""
+    data = []
+    for i, vector in enumerate(vectors):
+        vector = np.asarray(vector, dtype="<f4")
+        embedding: Any = base64.b64encode(vector.tobytes()).decode() if as_base64 else vector
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def error_body(status: int, code: str, message: str, param: str | None) -> dict:
+    """OpenAI's error body."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
 def error_type(status: int) -> str:

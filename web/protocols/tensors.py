@@ -42,6 +42,7 @@ class Tensor:
     datatype: str
     shape: list[int]
     value: np.ndarray | list[bytes]  # BYTES: the elements, in row-major order
+    content_type: str = ""  # the input's "content_type" parameter: what a FILE input's elements are
 
 
 def bad(message: str) -> BadInput:
@@ -97,10 +98,18 @@ def read_input(spec: Any, binary: memoryview) -> tuple[Tensor, int]:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > len(binary):
             raise bad(f"input {name!r}: binary_data_size {size!r} runs past the end of the body")
         value = from_binary(name, datatype, count, binary[:size])
-        return Tensor(name, datatype, shape, value), size
+        return Tensor(name, datatype, shape, value, content_type_of(name, parameters)), size
     if "data" not in spec:
         raise bad(f"input {name!r} has neither data nor binary_data_size")
-    return Tensor(name, datatype, shape, from_json(name, datatype, count, spec["data"])), 0
+    return Tensor(name, datatype, shape, from_json(name, datatype, count, spec["data"]),
+                  content_type_of(name, parameters)), 0
+
+
+def content_type_of(name: str, parameters: Any) -> str:
+    given = parameters.get("content_type", "") if isinstance(parameters, dict) else ""
+    if not isinstance(given, str):
+        raise bad(f"input {name!r}: content_type must be a string")
+    return given
 
 
 def element_count(name: str, datatype: Any, shape: Any) -> int:

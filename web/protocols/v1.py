@@ -3,6 +3,7 @@
     image  multipart field `file`, or a raw image/* body      -> {"model", "predictions", "meta"}
     text   {"text": "..."} or {"texts": [...]}                 -> {"model", "embedding", "meta"}
     json   {"input": ...} or {"inputs": [...]}                 or {"model", "results": [...], "meta": [...]}
+    file   multipart `file` fields (one per item), or a raw body of a content type the task declares
 
 One item sent alone is answered at the top level; several, as "results" in
 request order. Errors are {"error": {"code", "message"}} (web/errors.py).
@@ -43,7 +44,7 @@ class V1:
         self.max_items = max_items
 
     def parse(self, task: Task, request: Request) -> Work[Form]:
-        items, single = read_items(task.input_kind, request, self.max_items)
+        items, single = read_items(task, request, self.max_items)
         return Work(items, Form(single))
 
     def render(self, task: Task, work: Work[Form], served: Served) -> tuple[bytes, list[tuple[str, str]]]:

@@ -3,8 +3,9 @@
 A model's tensors, as clients written for Triton and KServe send them:
 
 - one BYTES input named after the model's input kind (IMAGE: encoded images,
-  TEXT: UTF-8 strings, JSON: JSON documents), each element an item that the
-  task preprocesses as /v1 does; or
+  TEXT: UTF-8 strings, JSON: JSON documents, FILE: files of the input's
+  "content_type" parameter, else the task's first), each element an item that
+  the task preprocesses as /v1 does; or
 - the job's own tensors, ready made: every fixed-shape input model.json lists
   (the image model's `pixels`, UINT8 [n, 224, 224, 3]), checked by the task.
 
@@ -29,9 +30,10 @@ from werkzeug.wrappers import Request
 from funnel.common.contracts import priority
 from funnel.common.contracts.wire import Reply
 from funnel.common.errors import BadInput
-from funnel.common.tasks import Task
+from funnel.common.tasks import Task, Upload
 from funnel.web import errors
 from funnel.web.pipeline import Rendered, Served, Work
+from funnel.web.protocols.inputs import content_type
 from funnel.web.protocols.tensors import (
     NAMES_OF,
     Tensor,
@@ -46,7 +48,7 @@ from funnel.web.queueing.recall import x_cache
 log = logging.getLogger("funnel.web")
 
 PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
-BYTES_INPUT = {"image": "IMAGE", "text": "TEXT", "json": "JSON"}
+BYTES_INPUT = {"image": "IMAGE", "text": "TEXT", "json": "JSON", "file": "FILE"}
 EXTENSIONS = ["classification", "binary_tensor_data"]
 
 
@@ -127,6 +129,9 @@ def encoded_items(task: Task, tensor: Tensor, max_items: int) -> list[Any]:
     elements: list[bytes] = tensor.value  # type: ignore[assignment]
     if task.input_kind == "image":
         return elements
+    if task.input_kind == "file":
+        kind = content_type(task, tensor.content_type or task.content_types[0])
+        return [Upload(e, kind) for e in elements]
     try:
         texts = [e.decode("utf-8") for e in elements]
         return texts if task.input_kind == "text" else [orjson.loads(t) for t in texts]

@@ -4,6 +4,7 @@ Before the push (no round trip: the process's view of the workers, queueing/shed
 
 - no live worker serves the model version: 503 `no_worker` at once, unless requests are held
   for one (FUNNEL_HOLD_WITHOUT_WORKERS) or Redis has just lost its data (WorkerView.grace_s);
+  every one of them failed to load it (worker/residency.py): 503 `model_unavailable`, naming why;
 - the lane: the one asked for, at most the API key's highest (queueing/limits.py), and normal
   while a worker from before the lanes serves the version (it takes the normal queue only).
 
@@ -20,7 +21,7 @@ import enum
 import redis
 
 from funnel.common.contracts import priority
-from funnel.common.errors import NoWorker, Overloaded, TooManyRequests, queue_unavailable
+from funnel.common.errors import ModelUnavailable, NoWorker, Overloaded, TooManyRequests, queue_unavailable
 from funnel.web.queueing import limits
 from funnel.web.queueing.shedding import Capacity, WorkerView, retry_after_s
 from funnel.web.settings import WebSettings
@@ -53,6 +54,8 @@ class Admission:
             raise queue_unavailable(exc) from None
         if not capacity.workers and not settings.hold_without_workers and not self.workers.grace_s(model, version):
             raise NoWorker(model, version)
+        if capacity.unavailable:
+            raise ModelUnavailable(model, version, capacity.unavailable)
         return capacity
 
     def lane(self, asked: str, label: str, limited: bool, model: str, version: int) -> str:

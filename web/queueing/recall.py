@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from funnel.common import result_cache
 from funnel.common.contracts.wire import Reply, now_ms
 from funnel.common.errors import Timeout
-from funnel.common.tasks import Inputs
+from funnel.common.tasks import Context, Inputs
 from funnel.web.queueing.inbox import Inbox, Waiter
 from funnel.web.queueing.push_script import CacheLookup
 
 HIT, MISS, COALESCED = "hit", "miss", "coalesced"  # an item's answer: known; computed for it; for another
 GRACE_MS = 250  # past a borrowed job's deadline: a worker that took it just in time answers soon after
 
-# Ask again for some of a request's items (read: whether to read their entries), with the time it
-# has left: each one's reply and state.
-Again = Callable[[list[Inputs], bool, float], Awaitable[tuple[list[Reply], list[str]]]]
+# Ask again for some of a request's items and their contexts (read: whether to read their
+# entries), with the time it has left: each one's reply and state.
+Again = Callable[[list[Inputs], list[Context | None] | None, bool, float], Awaitable[tuple[list[Reply], list[str]]]]
 
 
 @dataclass(frozen=True)
@@ -55,19 +55,27 @@ class Plan:
     items: list[Inputs] = field(default_factory=list)  # the distinct items, in first-seen order
     idents: list[str] = field(default_factory=list)  # each one's cache ident
     of_item: list[int] = field(default_factory=list)  # each of the request's items: its distinct item
+    contexts: list[Context | None] | None = None  # the distinct items' contexts (None: no item has one)
 
     @classmethod
-    def of(cls, policy: result_cache.CachePolicy, owner: str, inputs: list[Inputs], raw: bool) -> Plan:
-        plan, seen = cls(), dict[str, int]()
+    def of(cls, policy: result_cache.CachePolicy, owner: str, inputs: list[Inputs], raw: bool,
+           contexts: list[Context | None] | None = None) -> Plan:
+        plan, seen = cls(contexts=None if contexts is None else []), dict[str, int]()
         scope = policy.scope(owner)
-        for item in inputs:
-            ident = result_cache.ident(scope, result_cache.digest(item, raw))
+        for i, item in enumerate(inputs):
+            context = None if contexts is None else contexts[i]
+            ident = result_cache.ident(scope, result_cache.digest(item, raw, context))
             at = seen.setdefault(ident, len(plan.items))
             if at == len(plan.items):
                 plan.items.append(item)
                 plan.idents.append(ident)
+                if plan.contexts is not None:
+                    plan.contexts.append(context)
             plan.of_item.append(at)
         return plan
+
+    def contexts_of(self, distinct: list[int]) -> list[Context | None] | None:
+        return None if self.contexts is None else [self.contexts[k] for k in distinct]
 
     def lookup(self, job_ids: list[str], reply_to: str, read: bool = True) -> CacheLookup:
         return CacheLookup(self.idents, job_ids, reply_to, read)
@@ -112,7 +120,7 @@ async def settle(inbox: Inbox, model: str, plan: Plan, states: list[bytes], wait
             left_s = (deadline - now_ms()) / 1000
             if left_s <= 0:
                 raise Timeout("no reply before the deadline")
-            answered, answered_as = await again([plan.items[k] for k in todo], read, left_s)
+            answered, answered_as = await again([plan.items[k] for k in todo], plan.contexts_of(todo), read, left_s)
             for k, reply, kind in zip(todo, answered, answered_as, strict=True):
                 replies[k], kinds[k] = reply, kind
     return [_answered(replies[k]) for k in plan.of_item], each_state(plan, kinds)

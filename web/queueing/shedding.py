@@ -32,6 +32,19 @@ common/contracts/registry.py) may live workers be missing from the registry unti
 next beat, and a model served before keeps a grace (WorkerView.grace_s): a
 request admitted on it is answered 503 when the grace ends without a worker
 (web/pipeline.py).
+
+A worker serving several models (worker/residency.py) lists each model it can
+load as a worker of it, loaded or not, its own id in the field `process`. One
+process runs one batch at a time, whichever model's: its rate is shared, each
+of its members counting 1/k of its own rate, k the models the process holds
+loaded or is loading (at least 1; a model it would load takes a loaded one's
+place). Traffic on all k runs at the process's rate in sum; traffic on fewer
+of them than it holds loaded is predicted slower than it runs (the safe side:
+counted once per model, k models loaded were predicted k times as fast as they
+run). While none of a model version's live workers has it loaded, the wait
+predicted adds the time its workers took to load it lately (`cold_s`); while
+every one of them failed to load it, a request is answered 503
+`model_unavailable` at once, naming why (`unavailable`).
 """
 
 from __future__ import annotations
@@ -40,6 +53,8 @@ import functools
 import math
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -95,6 +110,8 @@ class Capacity:
     batch_size: int = 1  # B, likewise
     lanes: bool = True  # every live worker takes the priority lanes (false while older ones serve too)
     job_format: int = JOB_FORMAT  # the oldest job format a live worker reads (common/contracts/wire.py)
+    cold_s: float = 0.0  # no live worker has the model loaded: what loading it took them lately
+    unavailable: str = ""  # every live worker failed to load the model: why
 
     @property
     def known(self) -> bool:
@@ -103,7 +120,8 @@ class Capacity:
     def wait_s(self, ahead: int, n: int, calibration: float = 1.0) -> float:
         """Predicted seconds until a request of n items, behind `ahead` jobs, is answered."""
         k = min(self.batch_size, ahead + n)
-        return max((ahead + n) / self.rate, self.item_s * k + self.batch_s) * SAFETY * calibration + OVERHEAD_S
+        return (max((ahead + n) / self.rate, self.item_s * k + self.batch_s) * SAFETY * calibration + OVERHEAD_S
+                + self.cold_s)
 
     def script_args(self, calibration: float = 1.0) -> list[str]:
         """The estimate's parameters for the push script (which computes wait_s in Lua)."""
@@ -113,26 +131,41 @@ class Capacity:
     def _measured(self) -> tuple[str, ...]:  # written out once a registry reading: every push sends them
         return tuple(repr(v) for v in (self.rate, self.item_s, self.batch_s, self.batch_size))
 
-    _overhead = repr(OVERHEAD_S)
+    @functools.cached_property
+    def _overhead(self) -> str:
+        return repr(OVERHEAD_S + self.cold_s)
 
 
 def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Capacity:
     """A model version's Capacity from the registry's live workers."""
     mine = [w for w in workers if w.get("model") == model and registry.version_of(w) == version]
-    costs = [c for c in (registry.batch_cost(w) for w in mine) if c]
+    timed = [registry.batch_cost(w) for w in mine]
+    costs = [c for c in timed if c]
     lanes = all(registry.takes_lanes(w) for w in mine)
     job_format = min((registry.job_format(w) for w in mine), default=JOB_FORMAT)
+    cold_s = 0.0 if any(registry.resident(w) for w in mine) else max(map(registry.load_s, mine), default=0.0)
+    errors = [registry.load_error(w) for w in mine]
+    unavailable = errors[0] if errors and all(errors) else ""
     if not costs:  # the batch size alone, for splitting requests into jobs (web/pipeline.py)
         sizes = [int(w["batch_size"]) for w in mine if w.get("batch_size", "").isdigit() and int(w["batch_size"]) > 0]
         return Capacity(tuple(w["id"] for w in mine), batch_size=max(sizes, default=1), lanes=lanes,
-                        job_format=job_format)
-    # A worker not timed yet (just started) is assumed as fast as the mean of the others.
-    rates = [size / (item_s * size + batch_s) for item_s, batch_s, size in costs]
+                        job_format=job_format, cold_s=cold_s, unavailable=unavailable)
     mean = len(costs)
-    return Capacity(tuple(w["id"] for w in mine), rate=sum(rates) / mean * len(mine),
+    # A worker not timed yet (just started) is assumed as fast as the mean of the others.
+    unknown_rate = sum(size / (item_s * size + batch_s) for item_s, batch_s, size in costs) / mean
+    share = shared_by(workers)
+    rate = sum((c[2] / (c[0] * c[2] + c[1]) if c else unknown_rate) * share(w) for c, w in zip(timed, mine))
+    return Capacity(tuple(w["id"] for w in mine), rate=rate,
                     item_s=sum(c[0] for c in costs) / mean, batch_s=sum(c[1] for c in costs) / mean,
                     batch_size=max(1, round(sum(c[2] for c in costs) / mean)), lanes=lanes,
-                    job_format=job_format)
+                    job_format=job_format, cold_s=cold_s, unavailable=unavailable)
+
+
+def shared_by(workers: list[dict[str, str]]) -> Callable[[dict[str, str]], float]:
+    """Each worker's share of its process's time: 1/k for a member of a process holding k models loaded or
+    loading (at least 1), 1 for a worker of one model (no `process` field)."""
+    held = Counter(w["process"] for w in workers if w.get("process") and w.get("state") in ("resident", "loading"))
+    return lambda w: 1 / max(1, held[w["process"]]) if w.get("process") else 1.0
 
 
 class Calibration:

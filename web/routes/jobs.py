@@ -41,7 +41,7 @@ from funnel.common.observability import logs
 from funnel.web import auth
 from funnel.web.jsonio import OPTIONS
 from funnel.web.pipeline import Origin, Pipeline
-from funnel.web.protocols.inputs import read_images, read_items, read_json_items
+from funnel.web.protocols.inputs import read_files, read_images, read_items, read_json_items
 from funnel.web.settings import WebSettings
 
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
@@ -74,9 +74,11 @@ class Routes:
 
     def submit(self, name: str) -> Response:
         task = self.pipeline.resolve(name)
-        if task.input_kind == "image":
+        if task.input_kind in ("image", "file"):
             request.get_data()  # cached before the multipart parse consumes it: the Idempotency-Key's check
-            items = read_images(request, min(self.settings.max_job_items, self.settings.max_job_images))
+            most = min(self.settings.max_job_items, self.settings.max_job_images)
+            items: list[Any] = read_images(request, most) if task.input_kind == "image" else \
+                read_files(task, request, most)
             return self._submitted(name, items, webhook_of(request.form.get("webhook")))
         one, many = ("text", "texts") if task.input_kind == "text" else ("input", "inputs")
         items, _ = read_json_items(request, one, many, self.settings.max_job_items)
@@ -94,7 +96,7 @@ class Routes:
                               "not Flask's", code="misrouted", status=500)
         task = self.pipeline.resolve(name)
         request.get_data()  # cached before a multipart parse consumes it: the Idempotency-Key's body check
-        items, _ = read_items(task.input_kind, request, self.settings.max_items)
+        items, _ = read_items(task, request, self.settings.max_items)
         response = self._submitted(name, items, webhook_of(None))
         response.headers["Preference-Applied"] = "respond-async"
         return response

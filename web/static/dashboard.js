@@ -142,9 +142,10 @@ function panel(model) {
     el("p", {class: "muted"}, `dead letters: ${model.dead}`),
     workers.length ? el("table", {class: "workers"},
       el("thead", {}, el("tr", {}, ...["worker", "version", "device", "backend", "batch", "heartbeat",
-                                       "batches", "items"].map(h => el("th", {}, h)))),
-      el("tbody", {}, ...workers.map(w => el("tr", {"data-worker": w.id},
-        ...[w.id, w.version, w.device, w.backend, w.batch_size, `${w.seen_s} s ago`, w.batches, w.items]
+                                       "batches", "items", "state", "loads", "evictions"].map(h => el("th", {}, h)))),
+      el("tbody", {}, ...workers.map(w => el("tr", {"data-worker": w.id, "data-state": w.state},
+        ...[w.id, w.version, w.device, w.backend, w.batch_size, `${w.seen_s} s ago`, w.batches, w.items,
+            w.state + (w.load_error ? `: ${w.load_error}` : ""), w.loads, w.evictions]
           .map(x => el("td", {}, String(x)))))))
       : el("p", {class: "none", "data-no-workers": ""}, "No live worker."));
 }

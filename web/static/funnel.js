@@ -374,6 +374,22 @@ function setupJson(panel) {
   });
 }
 
+// -- any file ----------------------------------------------------------------
+
+// Each chosen file is an item of one request, sent as the browser typed it (the task's types only).
+function setupFile(panel) {
+  const form = $(panel, ".file-form"), input = $(form, "input[type=file]"), button = $(form, "button");
+  input.addEventListener("change", () => { button.disabled = !input.files.length; });
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    if (!input.files.length) return;
+    const data = new FormData();
+    for (const file of input.files) data.append("file", file, file.name);
+    const body = await predict(panel, {body: data});
+    if (body) setResult(panel, "done", jsonView(body), timings(body.roundTripMs, body.meta));
+  });
+}
+
 // -- model picker ------------------------------------------------------------
 
 function select(name) {
@@ -389,6 +405,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll(".panel[data-kind=text]").forEach(setupText);
   document.querySelectorAll(".panel[data-kind=text]").forEach(setupBulk);
   document.querySelectorAll(".panel[data-kind=json]").forEach(setupJson);
+  document.querySelectorAll(".panel[data-kind=file]").forEach(setupFile);
   document.querySelectorAll(".picker input").forEach(r => r.addEventListener("change", () => select(r.value)));
   if (location.hash) select(decodeURIComponent(location.hash.slice(1)));
   // Files dropped outside the drop zone would replace the page: ignore them.

@@ -3,7 +3,8 @@
 VectorScore: JSON lists of numbers in, {"scores", "label"} out. model.json
 (written by `funnel add`): "dim" (the vector's length), "labels" (a file, one
 class name per line), and a graph taking "vectors" [n, dim] float32 and giving
-"scores" [n, classes]. PacedScore: the same at a fixed speed.
+"scores" [n, classes]. PacedScore: the same at a fixed speed; SlowLoadScore: the
+same, slow to load.
 
 ScaledList and ScaledByWidth: a variable-length output. JSON lists of 1 to
 max_len numbers in, each number times the graph's constant out; the graph takes
@@ -83,6 +84,15 @@ class PacedScore(VectorScore):
         config = self.spec.config
         time.sleep(float(config["pace_batch_s"]) + float(config["pace_item_s"]) * len(items))
         return super().collate(items)
+
+
+class SlowLoadScore(VectorScore):
+    """VectorScore whose worker takes model.json's load_s to load it, like a large model's: a worker
+    can be killed while it loads."""
+
+    def warmup_inputs(self) -> list[Inputs]:  # the worker's alone: its load ends with the warm-up
+        time.sleep(float(self.spec.config.get("load_s", 0)))
+        return super().warmup_inputs()
 
 
 class ScaledList(Task):

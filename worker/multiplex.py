@@ -1,0 +1,220 @@
+"""The loop's steps for a worker that serves several models: take from one with work, run, reply.
+
+worker/main.py's loop is the same as for one model (take and collate, run,
+reply, each on its own thread); what differs is the taking. Each turn the
+taker reads every served model's queue lengths in one round trip, then:
+
+- picks, among its resident models with work, the one to take a batch from:
+  by lane first, as a batch is filled (high, normal, low, bulk), each lane
+  below high owed its floor share of the picks (worker/lanes.py's shares, a
+  pick counted as a batch), and within a lane the model whose work has waited
+  longest (since this worker saw it queued, or last took from it); that
+  model's own take (worker/queue.py) fills the batch by lanes and shares as a
+  one-model worker's does, and drops what is past its deadline;
+- asks for a cold model with work to be loaded (worker/residency.py), its
+  work of the highest lane and longest wait first, when no other live worker
+  holds it, or its work has waited here past FUNNEL_COLD_AFTER_MS; room is
+  made by unloading a resident model whose queues are empty, and one whose
+  work waits only once the cold model's has waited FUNNEL_COLD_AFTER_MS;
+- answers the queued jobs of a model that failed to load 503
+  (`model_unavailable`, naming why) without running them.
+
+Idle, it looks again after IDLE_S at first, doubling to IDLE_MAX_S: a worker of
+several models polls, where a one-model worker blocks on its queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from funnel.common.contracts import registry
+from funnel.common.contracts.keys import Keys
+from funnel.common.contracts.wire import Reply
+from funnel.common.store import ModelSpec
+from funnel.worker import batch as batching
+from funnel.worker.lanes import LOW_FLOOR, NORMAL_FLOOR, Shares
+from funnel.worker.linger import Linger
+from funnel.worker.queue import JobQueue
+from funnel.worker.reply import Replier
+from funnel.worker.residency import Loaded, Residency
+from funnel.worker.stats import Stats
+from funnel.worker.steps import Steps, retrying
+
+IDLE_S = 0.001
+IDLE_MAX_S = 0.01
+VIEW_S = 1.0  # how long the registry read (who else holds which model) is used before it is read again
+
+
+@dataclass
+class Served:
+    """One model version the worker serves: its queues and reply lists, and its steps while loaded."""
+
+    spec: ModelSpec
+    member: str  # its worker id in the registry and its in-flight list's
+    queue: JobQueue
+    replier: Replier
+    linger: Linger
+    stats: Stats
+    steps: Steps | None = None
+    since: list[float] = field(default_factory=list)  # per lane: since when its work waits (inf: none)
+
+
+class Multiplex:
+    def __init__(self, client: redis.Redis, keys: Keys, served: list[Served], residency: Residency,
+                 make_steps: Callable[[Served, Loaded], Steps], cold_after_s: float, bulk_share: float,
+                 stop: threading.Event):
+        self.client, self.keys, self.residency, self.stop = client, keys, residency, stop
+        self.served = served
+        self.make_steps, self.cold_after_s = make_steps, cold_after_s
+        self.shares = Shares([0.0, NORMAL_FLOOR, LOW_FLOOR, bulk_share])  # per pick, across models
+        self.lists = [s.queue.lanes for s in served]  # each model's lanes, in the order served
+        for s in served:
+            s.since = [float("inf")] * len(s.queue.lanes)
+        # id(batch) -> the model it was taken for, and its steps (None: refused, its model failed to load)
+        self._owner: dict[int, tuple[Served, Steps | None]] = {}
+        self._last: Steps | None = None  # the steps whose batch the taker handed over last
+        self._idle_s = IDLE_S
+        self._view: tuple[float, list[dict[str, str]]] = (-float("inf"), [])
+        self._members = {s.member for s in served}
+
+    # -- the loop's three steps ------------------------------------------------------------------
+
+    def take_and_collate(self) -> batching.Batch | None:
+        if self._last is not None:
+            last, self._last = self._last, None
+            if last.pace():
+                return None
+        now = self._look()
+        if now is None:  # stopped while Redis was down
+            return None
+        retrying(lambda: self._load_cold(now), self.stop)
+        for s in self.served:  # an unloaded model's steps go too: they hold its backend, and its memory
+            if s.steps is not None and self.residency.state(s.member) != "resident":
+                s.steps = None
+        chosen = self._choose()
+        batch = self._take(chosen) if chosen is not None else None
+        if chosen is None or batch is None:
+            self.stop.wait(self._idle_s)
+            self._idle_s = min(IDLE_MAX_S, self._idle_s * 2)
+            return None
+        self._idle_s = IDLE_S
+        self._owner[id(batch)] = (chosen, None if batch.refused else chosen.steps)
+        return batch
+
+    def run(self, batch: batching.Batch) -> None:
+        if not batch.refused:
+            self._owner[id(batch)][1].run(batch)  # type: ignore[union-attr]  # not refused: its steps
+
+    def reply(self, batch: batching.Batch) -> None:
+        served, steps = self._owner.pop(id(batch))
+        if batch.refused:
+            if retrying(lambda: served.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids)
+                        or True, self.stop, until_done=True):
+                served.queue.forget(len(batch.taken))
+            served.stats.add(errors=batch.errors, dead=len(batch.dead))
+            return
+        try:
+            steps.reply(batch)  # type: ignore[union-attr]  # not refused: its steps
+        finally:
+            self.residency.unpin(served.member)
+
+    # -- which model --------------------------------------------------------------------------------
+
+    def _look(self) -> float | None:
+        """Read every model's lane lengths and note since when each lane's work waits; the time read
+        (None: stopped while Redis was down)."""
+        lengths = retrying(self._lengths, self.stop)
+        if lengths is None:
+            return None
+        now = time.monotonic()
+        for s, lanes in zip(self.served, lengths):
+            s.since = [min(since, now) if n else float("inf") for since, n in zip(s.since, lanes)]
+        return now
+
+    def _lengths(self) -> list[list[int]]:
+        """Every served model's lane lengths, in one round trip."""
+        self.residency.renew()
+        pipe = self.client.pipeline(transaction=False)
+        for lists in self.lists:
+            for key in lists:
+                pipe.llen(key)
+        found = iter(pipe.execute())
+        return [[next(found) for _ in lists] for lists in self.lists]
+
+    def _choose(self) -> Served | None:
+        """The resident (or failed) model to take from: by lane, each lane owed its floor share of the
+        picks, then the longest waiting."""
+        ready = [s for s in self.served if self.residency.state(s.member) in ("resident", "failed")
+                 and min(s.since) < float("inf")]
+        if not ready:
+            return None
+        lanes = len(self.shares.floors)
+        places = self.shares.reserve(1)
+        with_work = [lane for lane in range(lanes) if any(s.since[lane] < float("inf") for s in ready)]
+        owed = [lane for lane in reversed(with_work) if places[lane]]  # a floor share due, lowest lane first
+        lane = owed[0] if owed else with_work[0]
+        self.shares.spend([int(i == lane) for i in range(lanes)], 1)
+        chosen = min((s for s in ready if s.since[lane] < float("inf")), key=lambda s: s.since[lane])
+        chosen.since = [float("inf")] * lanes  # served now: its next turn waits behind the others'
+        return chosen
+
+    def _take(self, served: Served) -> batching.Batch | None:
+        """A batch of the chosen model: run on its backend, or (it failed to load) refused."""
+        if self.residency.state(served.member) == "failed":
+            return self._refuse(served)
+        loaded = self.residency.pin(served.member)
+        if loaded is None:  # unloaded since it was chosen
+            return None
+        if served.steps is None or served.steps.backend is not loaded.backend:
+            served.steps = self.make_steps(served, loaded)
+        batch = served.steps.take_and_collate(block_s=0)
+        if batch is None:
+            self.residency.unpin(served.member)
+            return None
+        self._last = served.steps
+        return batch
+
+    def _refuse(self, served: Served) -> batching.Batch | None:
+        """The model's queued jobs, each answered 503 naming why the model could not be loaded."""
+        spec = served.spec
+        taken = retrying(lambda: served.queue.take(spec.batch_size, served.linger, 0), self.stop)
+        if taken is None or not taken.jobs:
+            return None
+        batch = batching.decode(taken.jobs, spec.name, self.keys, served.member, spec.version)
+        batch.refused = True
+        error = self.residency.models[served.member].error
+        for job in batch.jobs:
+            batch.replies.append((job.reply_to, Reply.failure(
+                job.id, "model_unavailable", f"{spec.name} version {spec.version} could not be loaded: {error}",
+                worker=served.member, version=spec.version)))
+        return batch
+
+    # -- which model to load ----------------------------------------------------------------------
+
+    def _load_cold(self, now: float) -> None:
+        """Ask for the most pressing cold model with work to be loaded, where it is wanted here."""
+        cold = [s for s in self.served if min(s.since) < float("inf") and self.residency.due(s.member)]
+        if not cold:
+            return
+        held = self._held_elsewhere(now)
+        busy = frozenset(s.member for s in self.served if min(s.since) < float("inf"))
+        for s in sorted(cold, key=lambda s: min((lane, t) for lane, t in enumerate(s.since) if t < float("inf"))):
+            patient = now - min(s.since) < self.cold_after_s
+            if (s.spec.name, s.spec.version) in held and patient:
+                continue
+            if self.residency.load(s.member, spare=busy if patient else frozenset()):
+                return
+
+    def _held_elsewhere(self, now: float) -> set[tuple[str, int]]:
+        """The model versions another live worker has loaded (the registry, read at most every VIEW_S)."""
+        read_at, workers = self._view
+        if now - read_at > VIEW_S:
+            workers = registry.live_workers(self.client, self.keys)
+            self._view = (now, workers)
+        return {(w.get("model", ""), registry.version_of(w)) for w in workers
+                if w["id"] not in self._members and registry.resident(w)}
