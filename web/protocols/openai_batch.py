@@ -84,7 +84,7 @@ def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve:
                 raise BadParam("model", f"one model a batch: this batch's is {task.spec.name}",
                                code="mismatched_model")
             work = adapter.read(task, body)
-            items = list(prepare(task, work.items))
+            items = [inputs for inputs, _ in prepare(task, work.items)]  # an embedder's items keep no context
         except NotARequest as exc:
             read.rejected.append(Rejected(number, exc.custom_id, exc.code, str(exc), exc.param))
             continue
