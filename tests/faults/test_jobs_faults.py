@@ -177,6 +177,9 @@ def test_on_a_cluster_a_worker_killed_answering_bulk_items_has_each_result_store
         stack.start_worker(TEXT, FUNNEL_WORKER_ID=f"survivor-{stage}")  # recovers the victim's items
         done = wait_for(lambda: (lambda b: b if b["state"] == "done" else None)(job_status(stack, job_id, limit=0)[1]),
                         timeout_s=180, interval_s=0.2, what="job done after the kill")
+        # Done once every item is stored: the victim's re-run items may be answered (and counted) after.
+        wait_for(lambda: client.hget(keys.job(job_id), "duplicates") == str(stored_in_flight).encode(),
+                 timeout_s=60, what="the re-run items counted as duplicates")
         record = {k.decode(): v.decode() for k, v in client.hgetall(keys.job(job_id)).items()}
         stored = client.hlen(keys.job_results(job_id))
         results = results_of(stack, job_id, len(texts))

@@ -95,7 +95,7 @@ def test_kill_9_while_loading_and_mid_batch_loses_nothing(store, tmp_path, repor
         report(outcome, stray)
         assert_each_answered_once(outcome, len(vectors), stray)
         assert client.llen(keys.dead(SLOW)) == client.llen(keys.dead(PACED)) == 0
-        logs = [(tmp_path / f"worker-{SLOW},{PACED}-{i}.log").read_text() for i in (0, 1)]
+        logs = [(tmp_path / f"worker-{SLOW}-and-1-more-{i}.log").read_text() for i in (0, 1)]  # named by the first
         assert [f"loaded {SLOW} version" in log for log in logs] == [False, True]  # killed mid-load; the peer
 
 

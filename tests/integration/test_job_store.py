@@ -302,9 +302,9 @@ def test_a_job_of_items_all_known_from_the_cache_is_done_as_made_and_its_webhook
         job_id, queued = jobs.new_job_id(), client.llen(keys.bulk(MODEL))
         known = {i: Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
                  for i in range(2)}
-        items = store.item_payloads(job_id, MODEL, now_ms(), [task.preprocess("one"), task.preprocess("two")])
+        items = store.item_payloads(job_id, MODEL, now_ms(), [(task.preprocess(t), None) for t in ("one", "two")])
         items.known = {i: encode_reply(reply) for i, reply in known.items()}
-        record, _ = store.create(job_id, MODEL, now_ms(), items, "sha", HOOK, caller=ANYONE)
+        record, _ = store.create(job_id, MODEL, now_ms(), items, "sha", {"webhook_url": HOOK}, caller=ANYONE)
         assert record.state == "done" and record.done == record.total == 2 and record.finished_ms
         assert client.llen(keys.bulk(MODEL)) == queued
         loaded, payloads = store.load(job_id, ANYONE, 0, 2)

@@ -142,8 +142,8 @@ def read(lines: list[bytes], max_items: int = 100) -> openai_batch.Read:
             raise NotFound(f"no model named {name!r}", code="unknown_model")
         return FakeTask()
 
-    def prepare(task, texts):
-        return [{"input_ids": np.arange(len(t.split()) + 2, dtype=np.int32)} for t in texts]
+    def prepare(task, texts):  # as the pipeline's: each item's arrays and context
+        return [({"input_ids": np.arange(len(t.split()) + 2, dtype=np.int32)}, None) for t in texts]
 
     return openai_batch.read_file(b"\n".join(lines), "/v1/embeddings", OpenAIEmbeddings(max_items=8), resolve,
                                   prepare, max_items)
