@@ -5,7 +5,6 @@ in a loop; and what the web tier makes of the members' fields (web/queueing/shed
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -139,7 +138,7 @@ def test_a_model_that_fails_to_load_is_not_retried_in_a_loop(redis_client, keys)
     redis_client.delete(keys.loading("broken"))
     assert not r.due("w1.broken.1") and not r.load("w1.broken.1")  # not before its retry is due
     assert load(r, "fine")  # the others load and serve
-    time.sleep(0.5)
+    wait_for(lambda: r.due("w1.broken.1"), timeout_s=5, what="the failed load's retry due")
     redis_client.delete(keys.loading("broken"))
     assert r.due("w1.broken.1") and load(r, "broken")
     assert loader.calls == ["broken", "fine", "broken"]
