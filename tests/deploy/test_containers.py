@@ -43,6 +43,7 @@ COMPOSE_FILE = "docker-compose.cpu.yml"
 WEB_IMAGE = "funnel-test/web:latest"
 WORKER_IMAGE = "funnel-test/worker:cpu"
 SERVICES = ("redis", "web", "grpc", "nginx", "worker-image", "worker-text")
+WORKER_REPLICAS = 2  # docker-compose.cpu.yml's workers a model: two share a CPU host's cores
 BUILD_TIMEOUT_S = 1500  # cold, on 2 cores: about 9 minutes (docs/deployment.md)
 WHEEL_PORT = int(os.environ.get("FUNNEL_TEST_WHEEL_PORT", "38765"))
 CAT_LABELS = ("egyptian cat", "tabby", "tiger cat")
@@ -259,7 +260,7 @@ def stack():
                 subprocess.run(["docker", "rmi", old], capture_output=True, timeout=120)
         started = time.monotonic()
         stack.run("up", "-d", "--no-build", timeout=300)
-        stack.wait_healthy(240, {s: 1 for s in SERVICES})
+        stack.wait_healthy(240, {s: WORKER_REPLICAS if s.startswith("worker-") else 1 for s in SERVICES})
         timings_record("up healthy", time.monotonic() - started)
         yield stack
     finally:
@@ -327,7 +328,8 @@ def test_grpc_service_answers(stack):
 
 def test_three_text_workers_share_the_queue(stack):
     stack.run("up", "-d", "--no-build", "--no-recreate", "--scale", "worker-text=3", timeout=180)
-    stack.wait_healthy(240, {"redis": 1, "web": 1, "grpc": 1, "nginx": 1, "worker-image": 1, "worker-text": 3})
+    stack.wait_healthy(240, {"redis": 1, "web": 1, "grpc": 1, "nginx": 1, "worker-image": WORKER_REPLICAS,
+                             "worker-text": 3})
     live = wait_for(lambda: (lambda m: m if len(m.get("text-embedding", [])) == 3 else None)(
         listing(stack.url)), 120, 0.25, "3 text workers in /v1/models", detail=stack.logs)
     ids = {w["id"] for w in live["text-embedding"]}
