@@ -87,7 +87,7 @@ def parse_args(argv):
                         help="web processes of every system (gunicorn -w, LitServe num_api_servers, "
                              "FUNNEL_PROCESSES); default: each system's own (2, 2, 1, 2)")
     parser.add_argument("--funnel-env", action="append", default=[], metavar="FUNNEL_X=VALUE",
-                        help="a setting for Funnel's web tier (repeatable), e.g. FUNNEL_REPLY_INBOX=1")
+                        help="a setting for Funnel (repeatable; each tier reads its own), e.g. FUNNEL_SPINNING=1")
     args = parser.parse_args(argv)
     if any(not re.fullmatch(r"FUNNEL_[A-Z_]+=.*", kv) for kv in args.funnel_env):
         parser.error("--funnel-env takes FUNNEL_NAME=value")

@@ -214,9 +214,10 @@ def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_mode
     # What `make up` starts (funnel.scripts.stack), default settings (the layout scripts/layout.py chooses
     # for this host), serving the benchmarked model only; funnel-one: `funnel up --workers-per-model 1`.
     web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
-    web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default
+    web_env.update(args.funnel_env)  # --funnel-env: a setting to compare against the default, either tier's
     stack = Stack(models=[model], model_store=args.store, log_dir=workdir / f"funnel-{workers_per_model or 'default'}",
-                  web_env=web_env, worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device},
+                  web_env=web_env,
+                  worker_env={"FUNNEL_BACKEND": backend, "FUNNEL_DEVICE": args.device, **args.funnel_env},
                   workers_per_model=workers_per_model)
     stack.start(timeout_s=READY_TIMEOUT_S)
     return Running(f"{stack.url}/v1/models/{model}/predict",

@@ -7,13 +7,15 @@ whenever a web process holds one of them (spin-waiting, or woken again), and it 
 it takes and answers a batch. Two workers, each with its half of the cores and no spin-waiting, keep
 one model running while the other takes and answers, and lose no time to a preempted thread
 (docs/performance.md, "Where a request's CPU goes"). More than two would split the waiting
-requests into smaller batches. A worker for a GPU keeps one process: the accelerator's time is
-what it shares.
+requests into smaller batches. A lone request still runs on all the cores: the workers share a
+core lock, and one runs a batch of one item on all of them while no other runs (worker/cores.py).
+A worker for a GPU keeps one process: the accelerator's time is what it shares.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -34,7 +36,7 @@ class Layout:
         if self.workers_per_model == 1 and not self.threads:
             return {}
         return {"FUNNEL_INTRA_OP_THREADS": f"1/{self.workers_per_model}",
-                "FUNNEL_SPINNING": "1" if self.spinning else "0"}
+                "FUNNEL_SPINNING": "1" if self.spinning else "0", "FUNNEL_CORE_LOCK": core_lock()}
 
     def given(self, worker_env: Mapping[str, str], cores: int) -> Layout:
         """This layout as the workers' settings leave it (the user's FUNNEL_INTRA_OP_THREADS and
@@ -47,10 +49,16 @@ class Layout:
     def describe(self, cores: int, device: str, web_processes: int) -> str:
         threads = f"{self.threads} model thread{'s' * (self.threads != 1)} each" if self.threads \
             else "the library's model threads"
-        spin = "" if self.spinning else ", not spin-waiting"
+        spin = "" if self.spinning else ", not spin-waiting, a lone item on all the cores"
         return (f"{cores} core{'s' * (cores != 1)}, models on {device}: {web_processes} web processes, "
                 f"{self.workers_per_model} worker{'s' * (self.workers_per_model != 1)} per model "
                 f"({threads}{spin})")
+
+
+def core_lock() -> str:
+    """The core lock of this user's workers on this host (worker/cores.py): every stack of theirs
+    shares the same cores."""
+    return os.path.join(tempfile.gettempdir(), f"funnel-cores-{os.getuid()}.lock")
 
 
 def cores() -> int:

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from funnel.common.store import ModelSpec
+from funnel.worker.cores import CoreLock
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +53,21 @@ class OnnxBackend:
     through an I/O binding, and ONNX Runtime allocates the outputs on the device."""
 
     def __init__(self, spec: ModelSpec, device: str, threads: int, spinning: bool = True,
-                 io_binding: bool | None = None):
+                 io_binding: bool | None = None, core_lock: str = ""):
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        # Idle intra-op threads spin-wait for the next step of a run (off: they sleep, and each
-        # step wakes them), and never past its end: between batches the worker replies and
-        # takes, and threads spinning then burn the cores the web tier and Redis need.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+        def options(threads: int, spinning: bool) -> ort.SessionOptions:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if threads:
+                options.intra_op_num_threads = threads
+            # Idle intra-op threads spin-wait for the next step of a run (off: they sleep, and each
+            # step wakes them), and never past its end: between batches the worker replies and
+            # takes, and threads spinning then burn the cores the web tier and Redis need.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            options.add_session_config_entry("session.force_spinning_stop", "1")
+            return options
+
         gpu = _cuda_index(device)
         providers: list = ["CPUExecutionProvider"]
         if gpu is not None:
@@ -72,18 +76,36 @@ class OnnxBackend:
                                    "install the gpu extra (onnxruntime-gpu)")
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": gpu}))
         _warn_if_half_on_cpu(spec, gpu, "onnxruntime")
-        self.session = ort.InferenceSession(str(spec.file("onnx")), options, providers=providers)
+        self.session = ort.InferenceSession(str(spec.file("onnx")), options(threads, spinning), providers=providers)
+        # On a share of the cores with a core lock (worker/cores.py): a second session on all of
+        # them, spinning within a run as one worker alone would, for a lone item while no other runs.
+        self.cores: CoreLock | None = None
+        if core_lock and threads and gpu is None:
+            try:
+                self.cores = CoreLock(core_lock)
+            except OSError as exc:  # served all the same, on its share
+                log.warning("core lock %s: %s; a lone item runs on this worker's share of the cores", core_lock, exc)
+        if self.cores:
+            self.whole = ort.InferenceSession(str(spec.file("onnx")), options(0, True), providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.io_binding = gpu is not None if io_binding is None else io_binding
         self.output_device = ("cpu", 0) if gpu is None else ("cuda", gpu)
         self.description = (f"onnxruntime {ort.__version__} {self.session.get_providers()[0]}"
-                             + (" io-binding" if self.io_binding else ""))
+                             + (" io-binding" if self.io_binding else "")
+                             + (f", {threads} threads, a lone item on all the cores while no other worker on "
+                                f"them runs ({core_lock})" if self.cores else ""))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.io_binding:
             return self._run_bound(feeds)
-        outputs = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
+        if self.cores is None:
+            return self._run(self.session, feeds)
+        with self.cores.run(lone=len(next(iter(feeds.values()))) == 1) as alone:
+            return self._run(self.whole if alone else self.session, feeds)
+
+    def _run(self, session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = session.run(self.output_names, {n: feeds[n] for n in self.input_names})
         return dict(zip(self.output_names, outputs))
 
     def _run_bound(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -154,12 +176,14 @@ class PowerOfTwoBatches:
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
-def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning: bool = True) -> Backend:
+def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning: bool = True,
+         core_lock: str = "") -> Backend:
     if device == "auto":  # the worker resolves auto first (worker/device.py); others get the first GPU
         from funnel.worker.device import cuda_devices
 
         device = (cuda_devices(backend) or ["cpu"])[0]
-    model = BACKENDS[backend](spec, device, threads, spinning)
+    model = (OnnxBackend(spec, device, threads, spinning, core_lock=core_lock) if backend == "onnx"
+             else BACKENDS[backend](spec, device, threads, spinning))
     if _cuda_index(device) is not None:
         model = PowerOfTwoBatches(model)
     log.info("loaded %s with %s", spec.name, model.description)

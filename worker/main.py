@@ -91,7 +91,7 @@ def describe(settings: WorkerSettings, spec: ModelSpec, device: str) -> dict:
 def loaded(settings: WorkerSettings, spec: ModelSpec, device: str) -> Loaded:
     """A model version's task and backend, warmed up: before registering, no request meets a cold shape."""
     task = tasks.load(spec)
-    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning)
+    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning, settings.core_lock)
     warmup.run(task, model, settings.batch_size or spec.batch_size, device)
     return Loaded(task, model)
 

@@ -60,6 +60,9 @@ class WorkerSettings(SharedSettings):
     intra_op_threads: str = setting("0", "intra-op threads for the backend: N, or 1/K for a K-th of the cores "
                                     "this worker may run on (K workers sharing them; at least one); 0: the "
                                     "library's default")
+    core_lock: str = setting("", "a file every worker on these cores opens (`funnel up` names one where workers "
+                             "share a CPU host): a worker on a share of the cores runs a lone item on all of them "
+                             "while no other is running (ONNX Runtime on the CPU; worker/cores.py)")
     reply_ttl_s: int = setting(60, "seconds an unread reply is kept")
     bulk_share: float = setting(0.25, "share of each batch's places that items of async and bulk jobs get "
                                 "while interactive requests wait too (kept as credit across batches, "

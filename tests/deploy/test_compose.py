@@ -244,8 +244,11 @@ def test_cpu_file_is_the_gpu_file_on_the_cpu():
         service["image"] = "funnel-worker:cpu"
         service["deploy"] = {"replicas": 2}
         service["environment"]["FUNNEL_DEVICE"] = "cpu"
-        service["environment"].update(FUNNEL_INTRA_OP_THREADS="1/2", FUNNEL_SPINNING="0")
+        service["environment"].update(FUNNEL_INTRA_OP_THREADS="1/2", FUNNEL_SPINNING="0",
+                                      FUNNEL_CORE_LOCK="/run/funnel/cores.lock")
+        service["volumes"] = ["cores:/run/funnel"]  # the core lock, shared by every worker on the host
         del service["environment"]["FUNNEL_DEVICES"]
+    gpu["volumes"] = {"cores": None}
     assert gpu == cpu
 
 

@@ -8,6 +8,7 @@ import torch
 from funnel.common.store import load_spec
 from funnel.scripts import prepare_model
 from funnel.worker import backend as backends
+from funnel.worker.cores import CoreLock
 from tests.support import SENTENCES, cosines, image_feeds, text_feeds
 
 
@@ -104,6 +105,45 @@ def test_io_binding_gives_the_plain_run_outputs(image_batch, text_batch):
         for name in plain:
             np.testing.assert_array_equal(bound[name], plain[name])
     assert not backends.OnnxBackend(image_batch[0], "cpu", 0).io_binding
+
+
+class Recorder:
+    """An ONNX Runtime session that notes each run's batch size."""
+
+    def __init__(self, session):
+        self.session, self.sizes = session, []
+
+    def run(self, names, feeds):
+        self.sizes.append(len(next(iter(feeds.values()))))
+        return self.session.run(names, feeds)
+
+
+def test_a_lone_item_runs_on_all_the_cores_while_no_other_worker_runs(text_batch, tmp_path):
+    """With a core lock (worker/cores.py) a worker on a share of the cores runs a lone item on a
+    session over all of them, unless another worker holds the lock; a batch of several on its
+    share; the answers are the same either way."""
+    spec, feeds = text_batch
+    lock = str(tmp_path / "cores.lock")
+    model = backends.load(spec, "onnx", "cpu", threads=1, spinning=False, core_lock=lock)
+    assert model.whole.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    share, whole = model.session, model.whole
+    model.session, model.whole = Recorder(share), Recorder(whole)
+    one = {name: array[:1] for name, array in feeds.items()}
+    alone = model.run(one)["embedding"]
+    batched = model.run(feeds)["embedding"]
+    with CoreLock(lock).run(lone=False):  # another worker runs a batch
+        beside = model.run(one)["embedding"]
+    assert model.whole.sizes == [1] and model.session.sizes == [len(batched), 1]
+    np.testing.assert_allclose(alone[0], batched[0], atol=1e-5)
+    np.testing.assert_allclose(beside, alone, atol=1e-6)
+    assert backends.load(spec, "onnx", "cpu", core_lock=lock).cores is None  # on all the cores already
+
+
+def test_a_core_lock_that_cannot_be_opened_leaves_the_worker_on_its_share(text_batch, tmp_path, caplog):
+    spec, feeds = text_batch
+    model = backends.load(spec, "onnx", "cpu", threads=1, core_lock=str(tmp_path / "gone" / "cores.lock"))
+    assert model.cores is None and "core lock" in caplog.text
+    assert model.run(feeds)["embedding"].shape == (len(feeds["input_ids"]), 384)
 
 
 class SizeRecorder:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from funnel.scripts import layout
 from funnel.scripts.redis_local import redis_cli_binary
 from funnel.scripts.stack import Stack
 from tests.support import http, metric, wait_for
@@ -150,6 +151,7 @@ def test_workers_per_model_share_the_cores(model_store, tmp_path):
         for worker in stack.workers:
             environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
             assert b"FUNNEL_SPINNING=0" in environ and b"FUNNEL_INTRA_OP_THREADS=1/2" in environ
+            assert f"FUNNEL_CORE_LOCK={layout.core_lock()}".encode() in environ
         answered_by = set()
         wait_for(lambda: answered_by.add(http("POST", f"{stack.url}/v1/models/{TEXT}/predict",
                                                    json_body={"text": "which worker?"})[1]["meta"]["worker"])

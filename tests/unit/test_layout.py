@@ -40,9 +40,10 @@ def test_funnel_up_starts_the_layout_and_says_what_it_chose(model_store, monkeyp
     assert len(up.worker_models) == 2 * len(up.models)
     env = up.worker_environment(up.models[0])
     assert (env["FUNNEL_INTRA_OP_THREADS"], env["FUNNEL_SPINNING"]) == ("1/2", "0")  # counted where each runs
+    assert env["FUNNEL_CORE_LOCK"] == layout.core_lock()  # one for every worker of this user on the host
     assert settings.load(WorkerSettings, [], environ=env).threads() == max(1, len(os.sched_getaffinity(0)) // 2)
     assert up.layout.describe(2, "cpu", 2) == ("2 cores, models on cpu: 2 web processes, 2 workers per model "
-                                                "(1 model thread each, not spin-waiting)")
+                                                "(1 model thread each, not spin-waiting, a lone item on all the cores)")
 
 
 def test_the_users_settings_win_and_are_what_funnel_up_says(model_store, monkeypatch):

@@ -1,0 +1,61 @@
+"""The core lock the workers of a host share (worker/cores.py): a lone item borrows all the cores
+only while no other worker runs; nothing ever waits for the lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from funnel.worker.cores import CoreLock
+
+
+def test_a_lone_item_borrows_the_cores_while_no_other_worker_runs(tmp_path):
+    mine, theirs = CoreLock(str(tmp_path / "cores.lock")), CoreLock(str(tmp_path / "cores.lock"))
+    with mine.run(lone=True) as alone:
+        assert alone
+        with theirs.run(lone=True) as also_alone:  # a borrowing run holds the cores: not waited for
+            assert not also_alone
+    with theirs.run(lone=False) as alone:
+        assert not alone
+        with mine.run(lone=True) as borrowed:  # another worker is running its batch
+            assert not borrowed
+    with mine.run(lone=True) as alone:  # both let go
+        assert alone
+
+
+def test_a_batch_of_several_never_borrows(tmp_path):
+    with CoreLock(str(tmp_path / "cores.lock")).run(lone=False) as alone:
+        assert not alone
+
+
+def test_a_run_that_raises_lets_go(tmp_path):
+    mine, theirs = CoreLock(str(tmp_path / "cores.lock")), CoreLock(str(tmp_path / "cores.lock"))
+    try:
+        with mine.run(lone=True):
+            raise RuntimeError("the model failed")
+    except RuntimeError:
+        pass
+    with theirs.run(lone=True) as alone:
+        assert alone
+
+
+def test_a_worker_killed_mid_run_lets_go(tmp_path):
+    """A worker SIGKILLed while it runs does not hold the cores: the kernel drops its lock."""
+    path = str(tmp_path / "cores.lock")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from funnel.worker.cores import CoreLock\n"
+        f"lock = CoreLock({path!r})\n"
+        "with lock.run(lone=False):\n"
+        "    print('running', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "running"
+        mine = CoreLock(path)
+        with mine.run(lone=True) as alone:
+            assert not alone
+        holder.kill()
+        holder.wait(timeout=10)
+        with mine.run(lone=True) as alone:
+            assert alone
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)

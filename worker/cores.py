@@ -1,0 +1,51 @@
+"""The cores a host's workers share, and a lone item's loan of all of them.
+
+On a CPU-only host `funnel up` starts two workers a model, each running its model on half the
+cores (scripts/layout.py): under load one runs a batch while the other takes and answers. A lone
+request would then run on half the cores, slower than one worker on all of them. Workers given the
+same core lock (FUNNEL_CORE_LOCK, a file each of them opens) tell each other whether they are
+running: a batch of one item runs on all the cores while no other worker is running, and any other
+batch on the worker's own share. A batch of several never borrows: under load the other worker is
+about to run, and a borrowed core then serves two runs at once (docs/performance.md).
+
+The lock is flock(2)'s: held shared by every run on a share, exclusive by a borrowing run, never
+waited for (a run that finds it taken goes on with its share), and let go by the kernel when a
+worker dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class CoreLock:
+    """One worker's handle on the lock of the cores it shares with others."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    @contextmanager
+    def run(self, lone: bool) -> Iterator[bool]:
+        """Around one run of the model: whether it may use all the cores (a lone item while no other
+        worker on them runs), else it runs on its share, marked as running for the others."""
+        alone = lone and self._take(fcntl.LOCK_EX)
+        if not alone:
+            self._take(fcntl.LOCK_SH)  # a borrowing run holds it: this one runs anyway, unmarked
+        try:
+            yield alone
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _take(self, mode: int) -> bool:
+        try:
+            fcntl.flock(self.fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def close(self) -> None:
+        os.close(self.fd)
