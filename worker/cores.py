@@ -6,11 +6,11 @@ request would then run on half the cores, slower than one worker on all of them.
 same core lock (FUNNEL_CORE_LOCK, a file each of them opens) tell each other whether they are
 running: a batch of one item runs on all the cores while no other worker is running, and any other
 batch on the worker's own share. A batch of several never borrows: under load the other worker is
-about to run, and a borrowed core then serves two runs at once (docs/performance.md).
+about to run, and a borrowed core would then serve two runs at once (docs/performance.md).
 
-The lock is flock(2)'s: held shared by every run on a share, exclusive by a borrowing run, never
-waited for (a run that finds it taken goes on with its share), and let go by the kernel when a
-worker dies.
+The lock is flock(2)'s: held shared by every run on a share, exclusive by a borrowing run, and let
+go by the kernel when a worker dies. A run on a share waits for a borrowing run to end (one item's
+run) rather than share the cores with it; nothing else waits.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class CoreLock:
         worker on them runs), else it runs on its share, marked as running for the others."""
         alone = lone and self._take(fcntl.LOCK_EX)
         if not alone:
-            self._take(fcntl.LOCK_SH)  # a borrowing run holds it: this one runs anyway, unmarked
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
         try:
             yield alone
         finally:

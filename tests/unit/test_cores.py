@@ -5,22 +5,43 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 from funnel.worker.cores import CoreLock
 
 
 def test_a_lone_item_borrows_the_cores_while_no_other_worker_runs(tmp_path):
     mine, theirs = CoreLock(str(tmp_path / "cores.lock")), CoreLock(str(tmp_path / "cores.lock"))
-    with mine.run(lone=True) as alone:
-        assert alone
-        with theirs.run(lone=True) as also_alone:  # a borrowing run holds the cores: not waited for
-            assert not also_alone
     with theirs.run(lone=False) as alone:
         assert not alone
         with mine.run(lone=True) as borrowed:  # another worker is running its batch
             assert not borrowed
     with mine.run(lone=True) as alone:  # both let go
         assert alone
+
+
+def test_a_run_on_a_share_waits_for_a_borrowing_run_to_end(tmp_path):
+    """Rather than run beside it on the cores it borrowed: a batch, or another lone item."""
+    path = str(tmp_path / "cores.lock")
+    mine = CoreLock(path)
+    ran: list[str] = []
+
+    def run(lone: bool) -> None:
+        with CoreLock(path).run(lone) as alone:
+            ran.append(f"lone, borrowed: {alone}" if lone else "batch")
+
+    with mine.run(lone=True) as alone:
+        assert alone
+        waiting = [threading.Thread(target=run, args=(lone,)) for lone in (False, True)]
+        for thread in waiting:
+            thread.start()
+        for thread in waiting:
+            thread.join(timeout=0.2)
+        assert all(thread.is_alive() for thread in waiting) and not ran, f"ran beside a borrowing run: {ran}"
+        ran.append("borrowing")
+    for thread in waiting:
+        thread.join(timeout=10)
+    assert ran[0] == "borrowing" and sorted(ran[1:]) == ["batch", "lone, borrowed: False"]
 
 
 def test_a_batch_of_several_never_borrows(tmp_path):
