@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         single = drive(on.url, 1.0, 1, args.duration, 99)
     shutil.rmtree(logs, ignore_errors=True)
     stamp = dt.datetime.now()
-    report = (f"# The result cache on {MODEL}, {stamp:%Y-%m-%d %H:%M}\n\nMachine: {machine()} (shared with other "
-              f"work while it ran: noisy; the \"vs off\" columns pair each round's runs)\n\n"
+    report = (f"# The result cache on {MODEL}, {stamp:%Y-%m-%d %H:%M}\n\nMachine: {machine()} (the rest of the "
+              f"machine's load in the last column; the \"vs off\" columns pair each round's runs)\n\n"
               f"Command: `python -m benchmarks.cache {' '.join(argv or sys.argv[1:])}` (wrk -t1 -c{args.clients} "
               f"-d{args.duration}s, one sentence per POST; medians over {args.rounds} interleaved rounds, the "
               f"order rotating; CPU ms per item from /proc)\n\n" + "\n".join(table(runs)) + "\n\n"

@@ -6,8 +6,10 @@
                  version: the one the URL pins, else the traffic policy's pick (queueing/versions.py)
     2 parse      the adapter (protocols/) reads the request's items
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors;
-                 what preprocess learned of it (its context) checked to travel beside it
-    4 admit      503 at once with no live worker; the deadline from X-Request-Timeout; the
+                 what preprocess learned of it (its context) checked to travel beside it (a cached
+                 model's repeated items as this process prepared them lately: recalled.py)
+    4 admit      503 at once with no live worker (a cached model's known items are still answered,
+                 step 5); the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
                  the key's highest (queueing/admission.py decides who is served, and in which lane)
     5 enqueue    the items as one job (one per batch when more than a worker's batch), in one
@@ -60,7 +62,7 @@ from funnel.common.observability import tracing
 from funnel.common.tasks import Context as ItemContext
 from funnel.common.tasks import Inputs, Task
 from funnel.common.tasks.base import split
-from funnel.web import auth, metrics
+from funnel.web import auth, metrics, recalled
 from funnel.web.catalog import Catalog
 from funnel.web.queueing import push_script, recall
 from funnel.web.queueing.admission import Admission
@@ -176,6 +178,7 @@ class Pipeline:
         self.jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
         self.admission = Admission(self.workers, settings)
+        self.recalled = recalled.Recalled()
         self.spans = tracing.Spans("funnel-web")
         # Sent without waiting for their answers (the request is over): marks for jobs whose client
         # left, and the tokens of finished requests of keys with a cap.
@@ -212,7 +215,7 @@ class Pipeline:
             trace.step("parse", model=name, model_version=task.spec.version)
             work = parser.parse(task, request)
             trace.step("prepare")
-            prepared, contexts = arrays_and_contexts(self.prepare(task, work.items, work.ready))
+            prepared, contexts = arrays_and_contexts(self.prepare(task, work.items, work.ready, origin.owner))
             trace.step("admit", items=len(prepared))
             lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
                                        task.spec.version)
@@ -256,7 +259,7 @@ class Pipeline:
             trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
             scope = task.cache.scope(caller.owner) if task.cache.on else None
-            items_ready = self.prepare(task, items, prepared is not None)
+            items_ready = self.prepare(task, items, prepared is not None, caller.owner)
             payloads = self.jobs.item_payloads(job_id, name, created, items_ready, version, trace.traceparent, scope)
             payloads.known = self.jobs.known(job_id, name, version, payloads.idents) if payloads.idents else {}
             trace.step("admit", known=len(payloads.known))
@@ -294,14 +297,23 @@ class Pipeline:
                            code="unknown_version")
         return task
 
-    def prepare(self, task: Task, items: list[Any], ready: bool = False) -> Iterator[tuple[Inputs, ItemContext | None]]:
+    def prepare(self, task: Task, items: list[Any], ready: bool = False,
+                owner: str = "") -> Iterator[tuple[Inputs, ItemContext | None]]:
         """Each item's tensors and context in turn, as the worker takes them; a bad item fails the
-        request, named by its index (a context the wire cannot carry is the task's fault: a 500)."""
+        request, named by its index (a context the wire cannot carry is the task's fault: a 500).
+        A cached model's items this process prepared lately for the same scope (the caller's API
+        key's owner) are not prepared again (web/recalled.py)."""
+        scope = task.cache.scope(owner) if task.cache.on and not ready else None
         for i, item in enumerate(items):
             try:
                 if ready:
                     task.check(item)
                     yield item, None
+                    continue
+                key = (task.spec.name, task.spec.version, scope, item) if scope and recalled.remembered(item) else None
+                known = self.recalled.get(key) if key else None
+                if known is not None:
+                    yield known
                     continue
                 inputs, context = split(task.preprocess(item))
                 if context is not None:
@@ -309,6 +321,8 @@ class Pipeline:
                         check_context(context)
                     except WireError as exc:
                         raise FunnelError(f"{task.spec.task}: {exc}", code="bad_context", status=500) from None
+                if key:
+                    self.recalled.put(key, inputs, context)
                 yield inputs, context
             except FunnelError as exc:
                 if len(items) > 1:
@@ -329,13 +343,13 @@ class Pipeline:
         (queueing/recall.py), else [].
 
         429 at once when the caller's key is past its limits; 503 at once when no live
-        worker serves the model (unless held), when its queue is at FUNNEL_MAX_QUEUE, or
+        worker serves the model (unless held, or every item is known), when its queue is at FUNNEL_MAX_QUEUE, or
         when the predicted wait is past timeout_s; 504 at the deadline. A client that
         leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
         The request's trace marks the steps from enqueue on; its jobs carry its trace context, and
         each item its own context (contexts, aligned with inputs; None: no item has one).
         """
-        capacity = self.admission.capacity(model, version)
+        capacity, known_only = self._capacity(model, version, cache)
         contexts = carried(contexts, raw, capacity, model, version)
         deadline = now_ms() + int(timeout_s * 1000)
         plan = recall.Plan.of(cache.policy, origin.owner, inputs, raw, contexts) if cache.policy.on else None
@@ -357,7 +371,8 @@ class Pipeline:
                                     estimate=estimate, inflight=capacity.workers if estimate else (),
                                     budget_s=timeout_s, owner=owner, limit=limit, now_ms=now_ms(), token=ids[0],
                                     deadline_ms=deadline,
-                                    cache=plan.lookup(ids, self.inbox.key(model), cache.read) if plan else None)
+                                    cache=plan.lookup(ids, self.inbox.key(model), cache.read, known_only)
+                                    if plan else None)
         if plan:
             self.inbox.lending = True
         self.job_sizes.observe(model, len(inputs), len(jobs))
@@ -365,10 +380,10 @@ class Pipeline:
         try:
             trace.step("enqueue", priority=lane)
             answer = await self.outbox.push(push.keys(self.keys), push.args())  # from here on its jobs may be in Redis
-            ahead = self.admission.verdict(model, answer, capacity, calibration, timeout_s, len(inputs))
+            ahead = self.admission.verdict(model, version, answer, capacity, calibration, timeout_s, len(inputs))
             pushed_ms = now_ms()
             trace.step("wait")
-            if not capacity.workers and not self.settings.hold_without_workers:
+            if not capacity.workers and not self.settings.hold_without_workers and not known_only:
                 await self._await_a_worker(waiter, model, version, deadline)
             if plan:
                 async def again(items: list[Inputs], item_contexts: list[ItemContext | None] | None, read: bool,
@@ -402,6 +417,17 @@ class Pipeline:
             return each_item([[item] for item in inputs], replies, len(inputs)), states
         metrics.replied(model, replies)
         return each_item(parts, replies, len(inputs)), states
+
+    def _capacity(self, model: str, version: int, cache: recall.Ask) -> tuple[Capacity, bool]:
+        """The version's live workers (admission), and whether the request may be answered from the
+        cache alone: with none, a cached model's request is answered if every item is known, else 503
+        (push.lua, which then queues nothing)."""
+        try:
+            return self.admission.capacity(model, version), False
+        except NoWorker:
+            if not (cache.policy.on and cache.read):
+                raise
+            return Capacity(()), True
 
     async def _await_a_worker(self, waiter: Waiter, model: str, version: int, deadline: int) -> None:
         """A request queued in the grace an emptied registry gets (WorkerView.grace_s) waits for

@@ -188,3 +188,33 @@ def test_asking_again_for_an_unreadable_entry_charges_the_key_nothing_more(stack
             client.set(key, b"not an entry", keepttl=True)
     answer, headers = predict(stack, {"text": "solo's text"}, SOLO)
     assert headers["X-Cache"] == "MISS" and len(answer["embedding"]) == 384
+
+
+def test_with_no_live_worker_known_items_are_answered_and_nothing_is_queued(model_store, tmp_path):
+    """Every worker gone: a request whose items are all known is answered from the cache; one with
+    any item not known is 503 no_worker, at once, and leaves nothing queued or marked under way."""
+    store = cached_store(model_store, tmp_path, MODEL)
+    with Stack(model_store=store, models=[MODEL], workers=[MODEL], log_dir=tmp_path / "logs",
+               worker_env={"FUNNEL_INTRA_OP_THREADS": "1", **FAST_HEARTBEAT}) as running:
+        url = f"{running.url}/v1/models/{MODEL}/predict"
+        status, first, _ = http("POST", url, json_body={"texts": ["known one", "known two"]})
+        assert status == 200
+        worker = running.workers[0]
+        worker.terminate()
+        worker.wait(timeout=30)
+        wait_for(lambda: http("POST", url, json_body={"text": "nobody computes this"},
+                              headers={"X-Request-Timeout": "1"})[0] == 503,
+                 timeout_s=30, what="the web tier to see no live worker")
+        client = redis.Redis.from_url(running.redis_url)
+
+        def queued_and_marked():  # a probe sent before the web tier saw the worker go may be left
+            return (sum(client.llen(key) for key in client.scan_iter(Keys().pattern("queue"))),
+                    sorted(client.scan_iter(Keys().pattern("cache-pending"))))
+        before = queued_and_marked()
+        status, answer, headers = http("POST", url, json_body={"texts": ["known two", "known one"]})
+        assert status == 200 and headers["X-Cache"] == "HIT"
+        assert np.allclose(answer["results"][0]["embedding"], first["results"][1]["embedding"])
+        for texts in (["a new text"], ["known one", "a new text"]):
+            status, answer, _ = http("POST", url, json_body={"texts": texts})
+            assert status == 503 and answer["error"]["code"] == "no_worker", answer
+        assert queued_and_marked() == before, "a job was queued, or an item marked under way, for no worker"

@@ -35,6 +35,7 @@ class Verdict(enum.IntEnum):
     TOO_LATE = -1  # count: the items ahead of it; the predicted wait is past the budget
     PAST_RATE = -2  # count: ms until the key has a token
     AT_CAP = -3  # count: ms until the key's earliest request under way is past its deadline
+    NOT_KNOWN = -4  # count: the cached items not known, where no live worker would compute them
 
 
 class Admission:
@@ -76,9 +77,11 @@ class Admission:
         return limits.of(self.key_limits, label) if limited else None
 
     @staticmethod
-    def verdict(model: str, answer: list, capacity: Capacity, calibration: float, timeout_s: float, n: int) -> int:
+    def verdict(model: str, version: int, answer: list, capacity: Capacity, calibration: float, timeout_s: float,
+                n: int) -> int:
         """The push script's answer: the items ahead of the request when it was pushed (-1: not
-        estimated); raised: 429 past the caller's key limits, 503 if the queue turned it away."""
+        estimated); raised: 429 past the caller's key limits, 503 if the queue turned it away or
+        no worker would compute its items that are not known."""
         verdict, count, *rest = answer
         if verdict == Verdict.PUSHED:
             return rest[0] if rest else -1
@@ -88,6 +91,8 @@ class Admission:
         if verdict == Verdict.AT_CAP:
             raise TooManyRequests("this API key has as many requests under way on this model as it may; "
                                   "retry when one is answered", retry_after=_seconds(count))
+        if verdict == Verdict.NOT_KNOWN:
+            raise NoWorker(model, version)
         if verdict == Verdict.QUEUE_FULL:
             raise Overloaded(f"the {model} queue is full ({count} jobs); retry shortly",
                              retry_after=retry_after_s(capacity.wait_s(count, 0, calibration))

@@ -71,10 +71,11 @@ class CacheLookup:
     job_ids: list[str]  # each job's id, which its item's pending marker names
     reply_to: str  # the request's reply list, where a job computed for another request answers it too
     read: bool = True  # read the entries (False: they were unreadable: the items are computed again)
+    known_only: bool = False  # no live worker: answered only if every item is known, nothing queued
 
     @property
     def mode(self) -> int:
-        return 1 if self.read else 2
+        return 3 if self.known_only else 1 if self.read else 2
 
     def keys(self, keys: Keys, model: str, version: int) -> list[str]:
         return [key for ident in self.idents

@@ -77,8 +77,8 @@ class Plan:
     def contexts_of(self, distinct: list[int]) -> list[Context | None] | None:
         return None if self.contexts is None else [self.contexts[k] for k in distinct]
 
-    def lookup(self, job_ids: list[str], reply_to: str, read: bool = True) -> CacheLookup:
-        return CacheLookup(self.idents, job_ids, reply_to, read)
+    def lookup(self, job_ids: list[str], reply_to: str, read: bool = True, known_only: bool = False) -> CacheLookup:
+        return CacheLookup(self.idents, job_ids, reply_to, read, known_only)
 
 
 def x_cache(states: list[str]) -> str:

@@ -44,7 +44,8 @@
 -- ARGV[19]    the items of a job queued or in flight, on average (the web's estimate)
 -- ARGV[20]    the in-flight lists among KEYS (KEYS[6..5+ARGV[20]])
 -- ARGV[21]    1 when each job is one cached item, 2 when so but its entry is not to be read
---             (found unreadable: computed again, and overwritten), else 0
+--             (found unreadable: computed again, and overwritten), 3 when so and no live worker
+--             serves the version (answered only when every item is known: nothing is queued), else 0
 -- ARGV[22]    the request's reply list, which a cached item computed for another request names
 --             in its pending marker (read only when ARGV[21] is 1)
 -- ARGV[23..]  the jobs to LPUSH, wire bytes; when ARGV[21] is 1, pairs: a job's id, its wire bytes
@@ -55,7 +56,8 @@
 --             {0, items queued in its lane and above} when they are at the queue's limit;
 --             {-1, items ahead} when the predicted wait is past the budget;
 --             {-2, ms until the key has a token} past the key's rate;
---             {-3, ms until its earliest request under way is past its deadline} at the key's cap.
+--             {-3, ms until its earliest request under way is past its deadline} at the key's cap;
+--             {-4, items not known} when ARGV[21] is 3 and some item is not known.
 local FIRST_JOB = 23
 local lane = tonumber(ARGV[17])
 local n, per_job = tonumber(ARGV[18]), tonumber(ARGV[19])
@@ -67,7 +69,7 @@ if cached then
   -- Known, under way, or to compute: a job that finds its item known or computing is not pushed.
   local at = held_to + 1
   for i = FIRST_JOB, #ARGV, 2 do
-    local entry = ARGV[21] == '1' and redis.call('GET', KEYS[at])
+    local entry = ARGV[21] ~= '2' and redis.call('GET', KEYS[at])
     if entry then
       table.insert(states, '=' .. entry)
     else
@@ -82,6 +84,13 @@ if cached then
     at = at + 2
   end
   n = #misses
+  if ARGV[21] == '3' then  -- no worker: the known items answer, or nothing does
+    local unknown = 0
+    for _, state in ipairs(states) do
+      if string.sub(state, 1, 1) ~= '=' then unknown = unknown + 1 end
+    end
+    if unknown > 0 then return {-4, unknown} end
+  end
 end
 local tokens, now
 if limited then
