@@ -148,9 +148,9 @@ def in_process(stack, monkeypatch):
     calls: list[tuple[str, list]] = []
     prepare = Pipeline.prepare
 
-    def spy(self, task, items, ready=False):
+    def spy(self, task, items, ready=False, owner=""):
         calls.append((task.spec.name, list(items)))
-        return prepare(self, task, items, ready)
+        return prepare(self, task, items, ready, owner)
 
     monkeypatch.setattr(Pipeline, "prepare", spy)
     settings = WebSettings.load(["--redis-url", stack.redis_url, "--model-store", stack.model_store,

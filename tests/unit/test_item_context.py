@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Job, decode_job, encode_job
-from funnel.common.errors import FunnelError
+from funnel.common.contracts.wire import CONTEXT_FORMAT, Job, decode_job, encode_job
+from funnel.common.errors import FunnelError, Unavailable
 from funnel.common.store import ModelSpec
 from funnel.common.tasks import Task, WithContext
-from funnel.web.pipeline import Pipeline, arrays_and_contexts
+from funnel.web.pipeline import Pipeline, arrays_and_contexts, carried
+from funnel.web.queueing.shedding import Capacity
 from funnel.worker import batch as batching
 
 SPEC = ModelSpec(name="m", task="tests:Scaled", path=None, batch_size=8, config={})  # type: ignore[arg-type]
@@ -106,3 +107,17 @@ def test_a_recovered_job_keeps_its_items_contexts():
               contexts=[{"size": [640, 480]}])
     again = decode_job(encode_job(decode_job(encode_job(job))))
     assert again.contexts == [{"size": [640, 480]}]
+
+
+def test_contexts_are_refused_while_a_worker_that_would_drop_them_serves():
+    """A live worker of a job format before contexts would run the items and drop their contexts: 503
+    instead of a silently wrong answer; raw rows (no postprocess) and items without contexts still go."""
+    contexts = [{"scale": 2.0}, None]
+    old = Capacity(("old-worker",), job_format=CONTEXT_FORMAT - 1)
+    with pytest.raises(Unavailable, match="drops item contexts") as refused:
+        carried(contexts, False, old, "m", 1)
+    assert refused.value.status == 503 and refused.value.code == "no_worker"
+    assert carried(contexts, True, old, "m", 1) is None  # raw rows read no context
+    assert carried(None, False, old, "m", 1) is None
+    assert carried(contexts, False, Capacity(("new-worker",)), "m", 1) == contexts
+    assert carried(contexts, False, Capacity(()), "m", 1) == contexts  # held for a worker to come
