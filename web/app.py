@@ -183,7 +183,7 @@ def parse_weights(body: object, versions: set[int], name: str) -> dict[int, int]
     """{"weights": {"1": 90, "2": 10}} as {1: 90, 2: 10}; 400 bad_traffic for any other shape or a
     version the model does not have."""
     weights = body.get("weights") if isinstance(body, dict) else None
-    if not isinstance(weights, dict) or not all(isinstance(v, str) and v.isdigit() for v in weights) \
+    if not isinstance(weights, dict) or not all(isinstance(v, str) and v.isascii() and v.isdigit() for v in weights) \
             or not all(isinstance(w, int) and not isinstance(w, bool) for w in weights.values()):
         raise BadInput('send {"weights": {"<version>": <integer weight>, ...}}', code="bad_traffic")
     unknown = sorted(set(map(int, weights)) - versions)

@@ -291,7 +291,7 @@ class Pipeline:
                            code="unknown_model")
         if version is None:
             return versions[self.versions.choose(name, versions)]
-        task = versions.get(int(version)) if version.isdigit() else None
+        task = versions.get(int(version)) if version.isascii() and version.isdigit() else None  # not '²'
         if task is None:
             raise NotFound(f"{name} has no version {version!r}; it has {', '.join(map(str, sorted(versions)))}",
                            code="unknown_version")

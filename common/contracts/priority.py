@@ -49,7 +49,7 @@ def parse(value: Any) -> str:
         name = value.strip().lower()
         if name in LANES:
             return name
-        if name.isdigit() and len(name) < 20:
+        if name.isascii() and name.isdigit() and len(name) < 20:  # int() refuses "²"
             return parse(int(name))
     raise _bad(value)
 

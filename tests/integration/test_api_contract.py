@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import openai
 import pytest
 import schemathesis  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -26,7 +27,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from funnel.scripts.stack import Stack  # noqa: E402
-from tests.support import http  # noqa: E402
+from tests.support import http, wait_for  # noqa: E402
 
 KEY = "contract-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -49,15 +50,51 @@ def stack(model_store, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api_schema(stack):
+def batch_ids(stack) -> dict[str, list[str]]:
+    """A finished batch with output and error files, and input files of one good line: the file and
+    batch ids that generated requests name half the time, so they reach real files and batches."""
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0) as client:
+        def upload(*lines: str):
+            return client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch").id
+
+        good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                           "body": {"model": "text-embedding", "input": "contract"}})
+        made = client.batches.create(input_file_id=upload(good, "{not json"), endpoint="/v1/embeddings",
+                                     completion_window="24h")
+        done = wait_for(lambda: (lambda b: b if b.status == "completed" else None)(client.batches.retrieve(made.id)),
+                        timeout_s=60, what="the batch completed")
+        spare, kept = upload(good), upload(good)  # DELETE may take the spare; batches are made of the kept
+        return {"file_id": [spare, done.input_file_id, done.output_file_id, done.error_file_id],
+                "batch_id": [done.id], "input_file_id": [kept]}
+
+
+@pytest.fixture(scope="module")
+def api_schema(stack, batch_ids):
     schema = schemathesis.openapi.from_url(f"{stack.url}/openapi.json", timeout=10)
+
+    def steered(strategy, name: str, values: list[str]):
+        """Half the generated objects' `name` replaced by one of `values` (a negative case's body,
+        which may be no object, as generated)."""
+        chosen = st.tuples(strategy, st.sampled_from(values)).map(
+            lambda pair: {**(pair[0] or {}), name: pair[1]} if isinstance(pair[0] or {}, dict) else pair[0])
+        return st.one_of(chosen, strategy)
 
     @schema.hook
     def before_generate_path_parameters(context, strategy):
-        # Half the generated predicts go to a served model, so their bodies reach the task's parser.
-        # Other path parameters (a /v2 version) keep their generated values.
-        served = st.tuples(strategy, st.sampled_from(MODELS)).map(lambda pair: {**(pair[0] or {}), "name": pair[1]})
-        return st.one_of(served, strategy)
+        # Half the generated predicts go to a served model, so their bodies reach the task's parser;
+        # half the file and batch ids name real ones. Other path parameters (a /v2 version) keep
+        # their generated values.
+        path = context.operation.path
+        for name, values in batch_ids.items():
+            if "{" + name + "}" in path:
+                return steered(strategy, name, values)
+        return steered(strategy, "name", MODELS)
+
+    @schema.hook
+    def before_generate_body(context, strategy):
+        if context.operation.path == "/v1/batches":  # a batch of a real input file, half the time
+            return steered(strategy, "input_file_id", batch_ids["input_file_id"])
+        return strategy
 
     return schema
 
@@ -84,10 +121,11 @@ def test_generated_requests_keep_the_contract(api_schema, label):
         assert set(statuses) - {404}, f"every generated predict was a 404: {dict(statuses)}"
 
 
-def test_generated_bad_requests_are_refused_cleanly(api_schema):
+@pytest.mark.parametrize("label", [PREDICT, "POST /v1/files", "POST /v1/batches"])
+def test_generated_bad_requests_are_refused_cleanly(api_schema, label):
     """Requests that break the document (wrong types, missing fields, bad content types): refused with
     a documented 4xx and a JSON error, never a 5xx."""
-    strategy = operation_of(api_schema, PREDICT).as_strategy(generation_mode=GenerationMode.NEGATIVE)
+    strategy = operation_of(api_schema, label).as_strategy(generation_mode=GenerationMode.NEGATIVE)
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=strategy)

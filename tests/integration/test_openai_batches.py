@@ -173,8 +173,12 @@ def test_refusals(client):
         client.batches.retrieve(f"batch_{int(time.time() * 1000):012x}{'0' * 20}")
     with pytest.raises(openai.APIStatusError, match="410"):  # an id of a time past the TTL: expired
         client.batches.retrieve("batch_" + "0" * 32)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as unknown:
         client.batches.retrieve("nonsense")
+    assert unknown.value.code == "unknown_batch"  # not the embeddings route's model_not_found
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.files.content("file-nonsense")
+    assert unknown.value.code == "unknown_file"
     client.files.delete(good.id)
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(good.id)

@@ -124,7 +124,7 @@ class OpenAIEmbeddings:
         status, body, headers = errors.render(error, request)
         code, message = body["error"]["code"], body["error"]["message"]
         param = getattr(error, "param", None)
-        if isinstance(error, NotFound):
+        if isinstance(error, NotFound) and error.code == "unknown_model":  # a batch's or file's keeps its own
             code, param = "model_not_found", "model"
         if param is None and isinstance(error, FunnelError) and error.status == 400 and code != "bad_json":
             param = "input"  # the task's refusals (empty, too long) are of the texts
