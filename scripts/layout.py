@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from funnel.worker.settings import thread_count
 
@@ -29,6 +29,7 @@ class Layout:
     workers_per_model: int
     threads: int  # each worker's intra-op threads here (0: the library's default, all the cores)
     spinning: bool  # whether the model's threads spin-wait between the steps of a run
+    lone_on_all: bool = field(default=True, compare=False)  # the workers share a core lock (worker/cores.py)
 
     def worker_env(self) -> dict[str, str]:
         """The FUNNEL_* settings that give a worker this layout (none for the settings' defaults): its
@@ -39,20 +40,22 @@ class Layout:
                 "FUNNEL_SPINNING": "1" if self.spinning else "0", "FUNNEL_CORE_LOCK": core_lock()}
 
     def given(self, worker_env: Mapping[str, str], cores: int) -> Layout:
-        """This layout as the workers' settings leave it (the user's FUNNEL_INTRA_OP_THREADS and
-        FUNNEL_SPINNING win)."""
+        """This layout as the workers' settings leave it (the user's FUNNEL_INTRA_OP_THREADS,
+        FUNNEL_SPINNING and FUNNEL_CORE_LOCK win)."""
         spinning = worker_env.get("FUNNEL_SPINNING", "1" if self.spinning else "0")
         threads = worker_env.get("FUNNEL_INTRA_OP_THREADS")
         return replace(self, threads=self.threads if threads is None else thread_count(threads, cores),
-                       spinning=spinning.lower() in ("1", "true", "yes", "on"))
+                       spinning=spinning.lower() in ("1", "true", "yes", "on"),
+                       lone_on_all=bool(worker_env.get("FUNNEL_CORE_LOCK")))
 
     def describe(self, cores: int, device: str, web_processes: int) -> str:
         threads = f"{self.threads} model thread{'s' * (self.threads != 1)} each" if self.threads \
             else "the library's model threads"
-        spin = "" if self.spinning else ", not spin-waiting, a lone item on all the cores"
+        spin = "" if self.spinning else ", not spin-waiting"
+        lone = ", a lone item on all the cores" if self.threads and self.lone_on_all else ""
         return (f"{cores} core{'s' * (cores != 1)}, models on {device}: {web_processes} web processes, "
                 f"{self.workers_per_model} worker{'s' * (self.workers_per_model != 1)} per model "
-                f"({threads}{spin})")
+                f"({threads}{spin}{lone})")
 
 
 def core_lock() -> str:

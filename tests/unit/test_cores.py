@@ -64,10 +64,10 @@ def test_a_worker_killed_mid_run_lets_go(tmp_path):
     """A worker SIGKILLed while it runs does not hold the cores: the kernel drops its lock."""
     path = str(tmp_path / "cores.lock")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from funnel.worker.cores import CoreLock\n"
+        "import signal; from funnel.worker.cores import CoreLock\n"
         f"lock = CoreLock({path!r})\n"
         "with lock.run(lone=False):\n"
-        "    print('running', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+        "    print('running', flush=True); signal.pause()\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "running"
         mine = CoreLock(path)

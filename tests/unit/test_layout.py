@@ -66,3 +66,10 @@ def test_a_workers_threads_are_a_number_or_its_share_of_the_cores(text, cores, t
 def test_anything_else_stops_the_worker_with_a_message(text):
     with pytest.raises(SystemExit, match="intra-op-threads"):
         WorkerSettings.load(["--model", "text-embedding", "--intra-op-threads", text])
+
+
+def test_a_core_lock_the_user_turns_off_is_not_claimed(model_store, monkeypatch):
+    monkeypatch.setattr(layout, "cores", lambda: 2)
+    up = stack.build(["--model-store", str(model_store), "--no-front-door"], environ={"FUNNEL_CORE_LOCK": ""})
+    assert up.worker_environment(up.models[0])["FUNNEL_CORE_LOCK"] == ""
+    assert up.layout.describe(2, "cpu", 2).endswith("(1 model thread each, not spin-waiting)")
