@@ -10,15 +10,20 @@ about to run, and a borrowed core would then serve two runs at once (docs/perfor
 
 The lock is flock(2)'s: held shared by every run on a share, exclusive by a borrowing run, and let
 go by the kernel when a worker dies. A run on a share waits for a borrowing run to end (one item's
-run) rather than share the cores with it; nothing else waits.
+run, milliseconds) rather than share the cores with it, BORROW_WAIT_S at most: a borrower stopped
+mid-run (SIGSTOP, a debugger) must not stop the others. Nothing else waits.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+BORROW_WAIT_S = 1.0  # a run on a share waits this long at most for a borrowing run, then runs beside it
+POLL_S = 0.0005  # flock(2) has no timeout: a blocked run on a share asks again this often
 
 
 class CoreLock:
@@ -34,11 +39,17 @@ class CoreLock:
         worker on them runs), else it runs on its share, marked as running for the others."""
         alone = lone and self._take(fcntl.LOCK_EX)
         if not alone:
-            fcntl.flock(self.fd, fcntl.LOCK_SH)
+            self._share()
         try:
             yield alone
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _share(self) -> None:
+        """Held shared, once no borrowing run holds it, or unmarked after BORROW_WAIT_S."""
+        deadline = time.monotonic() + BORROW_WAIT_S
+        while not self._take(fcntl.LOCK_SH) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def _take(self, mode: int) -> bool:
         try:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
-from funnel.worker.cores import CoreLock
+from funnel.worker.cores import BORROW_WAIT_S, CoreLock
 
 
 def test_a_lone_item_borrows_the_cores_while_no_other_worker_runs(tmp_path):
@@ -64,7 +65,7 @@ def test_a_worker_killed_mid_run_lets_go(tmp_path):
     """A worker SIGKILLed while it runs does not hold the cores: the kernel drops its lock."""
     path = str(tmp_path / "cores.lock")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import signal; from funnel.worker.cores import CoreLock\n"
+        "import signal; from funnel.worker.cores import BORROW_WAIT_S, CoreLock\n"
         f"lock = CoreLock({path!r})\n"
         "with lock.run(lone=False):\n"
         "    print('running', flush=True); signal.pause()\n")], stdout=subprocess.PIPE, text=True)
@@ -77,6 +78,26 @@ def test_a_worker_killed_mid_run_lets_go(tmp_path):
         holder.wait(timeout=10)
         with mine.run(lone=True) as alone:
             assert alone
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_borrower_stopped_mid_run_delays_the_others_a_bounded_time(tmp_path):
+    """A worker paused (SIGSTOP) while it borrows the cores: the others run after BORROW_WAIT_S."""
+    path = str(tmp_path / "cores.lock")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import signal; from funnel.worker.cores import BORROW_WAIT_S, CoreLock\n"
+        f"lock = CoreLock({path!r})\n"
+        "with lock.run(lone=True) as alone:\n"
+        "    print('borrowing' if alone else 'not borrowing', flush=True); signal.pause()\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "borrowing"
+        started = time.monotonic()
+        with CoreLock(path).run(lone=False) as alone:
+            waited = time.monotonic() - started
+        assert not alone and BORROW_WAIT_S <= waited < BORROW_WAIT_S + 5
     finally:
         holder.kill()
         holder.wait(timeout=10)
