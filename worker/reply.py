@@ -1,9 +1,10 @@
 """Answering a batch: every reply, dead letter and forgetting its jobs in flight, in one transaction.
 
 Other batches of the same worker may share its in-flight list (the next one
-taken while this one ran), so a batch removes its own messages, one LREM each
-from the old end where they lie, rather than the whole list. A message's
-reply is pushed, and its dead letter parked, only if that LREM found it
+taken while this one ran), so a batch removes its own messages, each named by
+its handle (common/contracts/wire.py: a long message by its first bytes) and
+found from the old end where they lie, rather than the whole list. A message's
+reply is pushed, and its dead letter parked, only if it was found
 (common/link/lua/reply.lua): a worker paused past its heartbeat, whose jobs a peer
 recovered and requeued, answers none of them a second time, nor does a second
 run of the same answer (its EXEC's answer lost).
@@ -33,7 +34,7 @@ import redis
 
 from funnel.common.bulk.jobs import store_results, store_results_apart
 from funnel.common.contracts.keys import Keys
-from funnel.common.contracts.wire import Reply, encode_reply
+from funnel.common.contracts.wire import Reply, encode_reply, handle
 from funnel.common.link import lua_scripts
 from funnel.worker.hold import Hold
 
@@ -109,7 +110,8 @@ class ReplyCall:
     keys: list[str]
     args: list
     replied: list[str]  # per message taken: the id of the job it answers (a bulk item's own), "" if none
-    messages: dict[str, bytes]  # a bulk item's id -> its message: stored only while still in flight
+    messages: dict[str, tuple[bytes, int]]  # a bulk item's id -> its message's handle and length:
+    # stored only while still in flight
 
     @classmethod
     def of(cls, replier: Replier, by_id: dict[str, tuple[str, Reply]], by_job: dict[str, list[Reply]],
@@ -131,17 +133,18 @@ class ReplyCall:
                             replier.keys.cache_pending(replier.model, replier.version, ident)]
             # What the entry holds: the reply pushed, or a bulk item's result (stored apart, pushed to none).
             answer = found[1] if found else items.get(job_id) if ident else None
-            call.args += [raw, lists.index(found[0]) + 3 if found else 0,
+            named = handle(raw, job_id)
+            call.args += [named, len(raw), lists.index(found[0]) + 3 if found else 0,
                           encode_reply(answer) if answer else b"", int(raw in parked),
                           len(entries) - 1 if ident else 0, job_id, int(bool(answer and answer.ok and ident))]
             call.replied.append(job_id if found or job_id in item_ids else "")
             if job_id in item_ids:
-                call.messages[job_id] = raw
+                call.messages[job_id] = (named, len(raw))
         if waiting:
             raise ValueError(f"replies to jobs this batch did not take: {sorted(waiting)}")
         call.keys = [replier.keys.inflight(replier.model, replier.worker_id), replier.keys.dead(replier.model), *lists]
         offset = len(call.keys)  # the entries' indices in KEYS, counted from the first entry
-        for at in range(6, len(call.args), 7):
+        for at in range(7, len(call.args), 8):
             if call.args[at]:
                 call.args[at] += offset
         call.keys += entries

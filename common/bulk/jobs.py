@@ -193,21 +193,22 @@ class Record:
 # -- the worker's side -------------------------------------------------------
 
 def _store_call(keys: Keys, results_key: str, replies: list[Reply],
-                messages: dict[str, bytes] | None = None) -> tuple[str, list] | None:
+                messages: dict[str, tuple[bytes, int]] | None = None) -> tuple[str, list] | None:
     """(job id, the store script's ARGV) for these item replies (with messages, each item's message
-    as taken, by its id); None when none is an item of the job whose results hash this is."""
+    as taken, its handle and length (common/contracts/wire.py), by its id); None when none is an
+    item of the job whose results hash this is."""
     job_id = keys.job_of_results(results_key)
     args: list = [now_ms(), job_id]
     for reply in replies:
         head, _, index = reply.id.rpartition("-")
         if head == job_id and index.isdigit():  # else not an item of this job (a forged message)
             args += [int(index), encode_reply(reply), int(reply.ok),
-                     *((messages.get(reply.id, b""),) if messages is not None else ())]
+                     *(messages.get(reply.id, (b"", 0)) if messages is not None else ())]
     return (job_id, args) if len(args) > 2 else None
 
 
 def store_results(pipe, keys: Keys, results_key: str, replies: list[Reply], inflight: str = "",
-                  messages: dict[str, bytes] | None = None) -> None:
+                  messages: dict[str, tuple[bytes, int]] | None = None) -> None:
     """Queue, on a pipeline (MULTI) of a single Redis, the store of these item replies into their
     job's results hash (common/link/lua/store_results.lua: once per index; an expired job's are
     dropped), its webhook made due in the same step. Not on a cluster: store_results_apart.

@@ -46,6 +46,7 @@ MAX_CONTEXT_DEPTH = 8
 MAX_JOB_ITEMS = 0xFFFF  # the count is a msgpack fixint, uint8 or uint16: what take.lua reads
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_TENSOR_DIMS = 8
+HANDLE_BYTES = 256  # a long message's first bytes, which name it in flight (`handle`)
 DTYPES = frozenset({"bool", "uint8", "int8", "int16", "uint16", "int32", "uint32",
                     "int64", "uint64", "float16", "float32", "float64"})
 _TENSOR_KEYS = frozenset({"dtype", "shape", "data"})
@@ -294,6 +295,16 @@ def item_count(data: bytes) -> int:
     if kind == 0xCD:
         return max(1, int.from_bytes(head[at + 6:at + 8], "big"))
     return max(1, kind) if kind <= 0x7F else 1
+
+
+def handle(data: bytes, job_id: str) -> bytes:
+    """What names a taken message in its worker's in-flight list (common/link/lua/in_flight.lua, with
+    its length): its first HANDLE_BYTES where it is longer and its job's id lies among them (`v`,
+    `n` and `id` come first), else the whole message. An image's pixels then make one trip back from
+    Redis to the worker, not a second one to Redis with its answer."""
+    if len(data) > HANDLE_BYTES and job_id and data.find(job_id.encode(), 0, HANDLE_BYTES) > 0:
+        return data[:HANDLE_BYTES]
+    return data
 
 
 def decode_job(data: Any) -> Job:

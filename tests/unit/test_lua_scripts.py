@@ -14,7 +14,7 @@ import redis
 from funnel.common.link import lua_scripts
 from tests.support import ROOT
 
-SNIPPETS = {"webhook_due"}  # a function for other scripts, not a script of its own
+SNIPPETS = {"webhook_due", "in_flight"}  # functions for other scripts, not scripts of their own
 SCRIPTS = sorted(set(lua_scripts.names()) - SNIPPETS)
 HEADER_ENTRY = re.compile(r"^-- (KEYS|ARGV)\[(\d+)(\.\.[^\]]*)?\]", re.MULTILINE)
 
@@ -60,12 +60,15 @@ def test_each_header_names_every_key_and_argument_it_reads(name):
         assert not computed or kind in open_from, f"{kind} read at computed indices needs a KEYS[n..] entry"
 
 
-def test_an_included_snippet_comes_first_once():
-    for name in ("cancel", "store_results"):
+@pytest.mark.parametrize(("snippet", "function", "users"), [
+    ("webhook_due", "webhook_due", ("cancel", "store_results")),
+    ("in_flight", "taken_message", ("reply", "store_results"))])
+def test_an_included_snippet_comes_first_once(snippet, function, users):
+    for name in users:
         text = lua_scripts.source(name)
-        assert text.startswith(lua_scripts.source("webhook_due"))
-        assert text.count("local function webhook_due") == 1
-    header, body = header_and_body("webhook_due")
+        assert text.index(lua_scripts.source(snippet)) < text.index((lua_scripts.HOME / f"{name}.lua").read_text())
+        assert text.count(f"local function {function}") == 1
+    header, body = header_and_body(snippet)
     assert not re.search(r"\b(KEYS|ARGV)\[", body), "a snippet takes its keys as arguments"
 
 

@@ -2,6 +2,7 @@
 -- (common/bulk/jobs.py: on a single Redis inside a worker's reply MULTI or recovery's; on a Redis
 -- Cluster a call of its own, before the reply script forgets the items' messages).
 -- include: webhook_due.lua (prepended by common/link/lua_scripts.py)
+-- include: in_flight.lua
 --
 -- KEYS[1]    the job record, funnel:job:{<id>}
 -- KEYS[2]    its results hash, funnel:job:{<id>}:results (item index -> msgpack reply)
@@ -14,7 +15,8 @@
 -- ARGV[1]    now, epoch ms
 -- ARGV[2]    the job id
 -- ARGV[3..]  triples: item index, msgpack reply, 1 if the reply is a success else 0; with KEYS[4],
---            quadruples: those and the item's message as taken (wire bytes)
+--            quintuples: those, the item's message as taken by its handle (in_flight.lua: the wire
+--            bytes, or their first bytes where they are long) and the message's length in bytes
 -- Returns    {new, pending}: how many replies were new (HSETNX: a second answer to an item is
 --            counted in the record's duplicates, never stored), -1 when the job expired or never
 --            was (its results are dropped: nothing would ever read them); pending 1 while the job's
@@ -23,9 +25,9 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local new, failed, seen = 0, 0, 0
 local held = KEYS[4]
-local width = held and 4 or 3
+local width = held and 5 or 3
 for i = 3, #ARGV, width do
-  if not held or redis.call('LPOS', held, ARGV[i + 3]) then
+  if not held or taken_message(held, ARGV[i + 3], ARGV[i + 4]) then
     seen = seen + 1
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
       new = new + 1
