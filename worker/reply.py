@@ -135,7 +135,8 @@ class ReplyCall:
             answer = found[1] if found else items.get(job_id) if ident else None
             named = handle(raw, job_id)
             call.args += [named, len(raw), lists.index(found[0]) + 3 if found else 0,
-                          encode_reply(answer) if answer else b"", int(raw in parked),
+                          encode_reply(answer) if answer else b"",
+                          int(bool(parked) and raw in parked),  # hashing an image costs more than answering it
                           len(entries) - 1 if ident else 0, job_id, int(bool(answer and answer.ok and ident))]
             call.replied.append(job_id if found or job_id in item_ids else "")
             if job_id in item_ids:
