@@ -1,5 +1,5 @@
 """The core lock the workers of a host share (worker/cores.py): a lone item borrows all the cores
-only while no other worker runs; nothing ever waits for the lock."""
+only while no other worker runs; a run on a share waits for a borrower BORROW_WAIT_S at most."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ import threading
 import time
 
 from funnel.worker.cores import BORROW_WAIT_S, CoreLock
+
+
+def holder(path: str, lone: bool) -> subprocess.Popen:
+    """A worker in another process inside a run (borrowing the cores if it may, when lone) until it is
+    killed; it prints 'borrowing' or 'running' once in."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import signal; from funnel.worker.cores import CoreLock\n"
+        f"with CoreLock({path!r}).run(lone={lone!r}) as alone:\n"
+        "    print('borrowing' if alone else 'running', flush=True); signal.pause()\n")],
+        stdout=subprocess.PIPE, text=True)
 
 
 def test_a_lone_item_borrows_the_cores_while_no_other_worker_runs(tmp_path):
@@ -64,40 +74,31 @@ def test_a_run_that_raises_lets_go(tmp_path):
 def test_a_worker_killed_mid_run_lets_go(tmp_path):
     """A worker SIGKILLed while it runs does not hold the cores: the kernel drops its lock."""
     path = str(tmp_path / "cores.lock")
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import signal; from funnel.worker.cores import BORROW_WAIT_S, CoreLock\n"
-        f"lock = CoreLock({path!r})\n"
-        "with lock.run(lone=False):\n"
-        "    print('running', flush=True); signal.pause()\n")], stdout=subprocess.PIPE, text=True)
+    other = holder(path, lone=False)
     try:
-        assert holder.stdout.readline().strip() == "running"
+        assert other.stdout.readline().strip() == "running"
         mine = CoreLock(path)
         with mine.run(lone=True) as alone:
             assert not alone
-        holder.kill()
-        holder.wait(timeout=10)
+        other.kill()
+        other.wait(timeout=10)
         with mine.run(lone=True) as alone:
             assert alone
     finally:
-        holder.kill()
-        holder.wait(timeout=10)
+        other.kill()
+        other.wait(timeout=10)
 
 
 def test_a_borrower_stopped_mid_run_delays_the_others_a_bounded_time(tmp_path):
     """A worker paused (SIGSTOP) while it borrows the cores: the others run after BORROW_WAIT_S."""
     path = str(tmp_path / "cores.lock")
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import signal; from funnel.worker.cores import BORROW_WAIT_S, CoreLock\n"
-        f"lock = CoreLock({path!r})\n"
-        "with lock.run(lone=True) as alone:\n"
-        "    print('borrowing' if alone else 'not borrowing', flush=True); signal.pause()\n")],
-        stdout=subprocess.PIPE, text=True)
+    other = holder(path, lone=True)
     try:
-        assert holder.stdout.readline().strip() == "borrowing"
+        assert other.stdout.readline().strip() == "borrowing"
         started = time.monotonic()
         with CoreLock(path).run(lone=False) as alone:
             waited = time.monotonic() - started
         assert not alone and BORROW_WAIT_S <= waited < BORROW_WAIT_S + 5
     finally:
-        holder.kill()
-        holder.wait(timeout=10)
+        other.kill()
+        other.wait(timeout=10)

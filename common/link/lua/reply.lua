@@ -26,10 +26,9 @@
 local held, pushes = {}, {}
 local ttl = ARGV[1]
 for i = 3, #ARGV, 8 do
-  local message = taken_message(KEYS[1], ARGV[i], ARGV[i + 1])
+  local message = taken_message(KEYS[1], ARGV[i], ARGV[i + 1], true)
   table.insert(held, message and 1 or 0)
   if message then
-    redis.call('LREM', KEYS[1], -1, message)
     local list = tonumber(ARGV[i + 2])
     if list > 0 then
       pushes[list] = pushes[list] or {}

@@ -27,7 +27,7 @@ local new, failed, seen = 0, 0, 0
 local held = KEYS[4]
 local width = held and 5 or 3
 for i = 3, #ARGV, width do
-  if not held or taken_message(held, ARGV[i + 3], ARGV[i + 4]) then
+  if not held or taken_message(held, ARGV[i + 3], ARGV[i + 4], false) then
     seen = seen + 1
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
       new = new + 1
