@@ -7,18 +7,25 @@ handlers use it, and so do the protocol adapters the front answers with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Request
 
 from funnel.common.errors import FunnelError, queue_unavailable
+
+SHAPES = "funnel.error_shapes"  # app.extensions: path prefix -> the view answering errors under it
 
 
 def install(app: Flask) -> None:
     """JSON errors for Funnel's own, Redis's (503) and Werkzeug's (404, 405, 413, ...)."""
 
     def as_response(exc: Exception):
+        for prefix, answer in app.extensions.get(SHAPES, {}).items():
+            if request.path == prefix or request.path.startswith(prefix + "/"):
+                return answer(exc)
         status, body, headers = render(exc, request)
         response = jsonify(body)
         response.status_code = status
@@ -27,6 +34,12 @@ def install(app: Flask) -> None:
 
     for kind in (FunnelError, redis.RedisError, HTTPException):
         app.register_error_handler(kind, as_response)
+
+
+def claim(app: Flask, prefixes: tuple[str, ...], answer: Callable[[Exception], Response]) -> None:
+    """Errors under these paths answered by `answer` (a protocol's own shape), routing's 404 and 405
+    too: those reach no blueprint's handlers, as no rule of its matched."""
+    app.extensions.setdefault(SHAPES, {}).update(dict.fromkeys(prefixes, answer))
 
 
 def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str]]]:

@@ -182,3 +182,19 @@ def test_refusals(client):
     client.files.delete(good.id)
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(good.id)
+
+
+def test_a_path_or_method_it_lacks_answers_in_openai_shape(stack, client):
+    """Routing's own 404 and 405 under OpenAI's paths, in its shape as the rest of their answers."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for method, path, status in (("DELETE", "/v1/batches", 405), ("PUT", "/v1/files", 405),
+                                 ("GET", "/v1/files/file-x/content/more", 404), ("GET", "/v1/batches/b/c/d", 404),
+                                 ("GET", "/v1/embeddings", 404)):
+        got, body, _ = http(method, f"{stack.url}{path}", headers=auth)
+        assert got == status, (method, path, body)
+        assert body["error"]["type"] == "invalid_request_error" and "param" in body["error"], (method, path, body)
+    with pytest.raises(openai.NotFoundError) as missing:  # the SDK reads it as any other 404
+        client.get("/files/file-x/content/more", cast_to=object)
+    assert missing.value.type == "invalid_request_error"
+    status, body, _ = http("DELETE", f"{stack.url}/v1/models", headers=auth)  # elsewhere, Funnel's shape
+    assert status == 405 and set(body["error"]) == {"code", "message"}, body

@@ -38,7 +38,7 @@ from funnel.common.bulk.job_store import Gone
 from funnel.common.contracts.wire import now_ms
 from funnel.common.errors import BadInput, NotFound
 from funnel.common.observability import logs
-from funnel.web import auth
+from funnel.web import auth, errors
 from funnel.web.pipeline import Origin, Pipeline, Prepared
 from funnel.web.protocols import openai_batch
 from funnel.web.protocols.openai import BadParam, OpenAIEmbeddings
@@ -62,6 +62,9 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
         blueprint.add_url_rule(rule, name, view, methods=[method])
     blueprint.register_error_handler(Exception, routes.error)
     app.register_blueprint(blueprint)
+    # OpenAI's paths answer their errors in its shape, /v1/embeddings's too: the front serves its
+    # POST, and any other method of it reaches Flask.
+    errors.claim(app, ("/v1/files", "/v1/batches", "/v1/embeddings"), routes.error)
 
 
 def json(body: Any, status: int = 200) -> Response:
