@@ -56,7 +56,9 @@ def render(exc: Exception, req: Request) -> tuple[int, dict, list[tuple[str, str
     if exc.code == 413:
         drain_body(req)
     code = (exc.name or "error").lower().replace(" ", "_")
-    return exc.code or 500, {"error": {"code": code, "message": exc.description}}, []
+    allow = getattr(exc, "valid_methods", None)  # a 405's: the methods the path takes
+    return exc.code or 500, {"error": {"code": code, "message": exc.description}}, \
+        [("Allow", ", ".join(allow))] if allow else []
 
 
 def expected(exc: Exception) -> bool:

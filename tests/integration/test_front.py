@@ -95,6 +95,24 @@ def test_every_answer_has_its_status_code_and_headers(stack, cat_jpeg):
     assert statuses == {200, 400, 401, 404, 413, 415, 503}
 
 
+def test_another_method_on_a_predict_path_is_a_405_in_its_protocols_shape(stack):
+    for method in ("GET", "PUT", "DELETE", "HEAD"):
+        for route in (TEXT, INFER, "/v1/embeddings", "/v1/models/nope/predict"):
+            status, answer, headers = http(method, stack.url + route, headers=AUTH)
+            assert status == 405 and headers["Allow"] == "POST", (method, route, answer)
+            assert headers["X-Request-ID"], (method, route)
+            if method == "HEAD":
+                assert answer == {"_text": ""}, route  # no body
+            elif route == INFER:
+                assert isinstance(answer["error"], str), answer
+            elif route == "/v1/embeddings":
+                assert answer["error"]["type"] == "invalid_request_error", answer
+            else:
+                assert answer["error"]["code"] == "method_not_allowed", answer
+    status, _, headers = http("DELETE", stack.url + "/v1/models", headers=AUTH)  # Flask's, with its Allow
+    assert status == 405 and "GET" in headers["Allow"]
+
+
 def test_several_items_answer_in_order_and_a_bad_one_is_named(stack):
     status, body, _ = http("POST", stack.url + TEXT, body=b'{"texts": ["first", "second"]}', headers=JSON)
     assert status == 200 and len(body["results"]) == len(body["meta"]) == 2

@@ -189,9 +189,10 @@ def test_a_path_or_method_it_lacks_answers_in_openai_shape(stack, client):
     auth = {"Authorization": f"Bearer {KEY}"}
     for method, path, status in (("DELETE", "/v1/batches", 405), ("PUT", "/v1/files", 405),
                                  ("GET", "/v1/files/file-x/content/more", 404), ("GET", "/v1/batches/b/c/d", 404),
-                                 ("GET", "/v1/embeddings", 404)):
-        got, body, _ = http(method, f"{stack.url}{path}", headers=auth)
+                                 ("GET", "/v1/embeddings", 405), ("PUT", "/v1/embeddings", 405)):
+        got, body, headers = http(method, f"{stack.url}{path}", headers=auth)
         assert got == status, (method, path, body)
+        assert status == 404 or "POST" in headers["Allow"], (method, path, headers)
         assert body["error"]["type"] == "invalid_request_error" and "param" in body["error"], (method, path, body)
     with pytest.raises(openai.NotFoundError) as missing:  # the SDK reads it as any other 404
         client.get("/files/file-x/content/more", cast_to=object)

@@ -5,6 +5,7 @@
     POST /v1/embeddings (the model named in the body)     protocols/openai.py }
     POST /v1/models/<name>/predict asking for a job       Flask: routes/jobs.py (Prefer: respond-async,
                                                           or a Webhook-URL)
+    another method on those three paths                   405, Allow: POST, in the protocol's shape
     everything else (the page, listings, jobs, probes,    Flask (web/app.py), through a2wsgi's threads
     metrics)
 
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 from a2wsgi import WSGIMiddleware
 from flask import Flask
-from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+from werkzeug.exceptions import MethodNotAllowed, RequestEntityTooLarge, RequestTimeout
 from werkzeug.wrappers import Request
 
 from funnel.common.errors import BadInput
@@ -69,11 +70,15 @@ class Front:
         self.max_body = int(settings.max_body_mb * 1024 * 1024)
 
     async def __call__(self, scope: Any, receive, send) -> None:
-        route = self._route(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        route = self._route(scope) if scope["type"] == "http" else None
         if route is None:
             return await self.flask(scope, receive, send)
         adapter, params = route
         environ = _environ(scope)
+        if scope["method"] != "POST":  # these paths take nothing else: 405, in the protocol's own shape
+            request_id = logs.request_id_of(environ.get("HTTP_X_REQUEST_ID"))
+            status, data, headers = adapter.render_error(MethodNotAllowed(["POST"]), Request(environ))
+            return await _answer(send, status, data, headers, request_id)
         if adapter is self.v1 and (wants_async(environ.get("HTTP_PREFER", "")) or WEBHOOK_KEY in environ):
             return await self.flask(scope, receive, send)
         started = time.perf_counter()
@@ -102,13 +107,7 @@ class Front:
         self._count(params.get("name", ""), status, started, request, origin, headers)
         if status == CLIENT_LEFT:
             return  # nobody to answer
-        headers = [*headers, ("X-Request-ID", request_id)]
-        if not any(k.lower() == "content-type" for k, _ in headers):
-            headers = [("Content-Type", "application/json"), *headers]
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-length", str(len(data)).encode()),
-                                *((k.lower().encode(), v.encode()) for k, v in headers)]})
-        await send({"type": "http.response.body", "body": data})
+        await _answer(send, status, data, headers, request_id)
 
     async def _respond(self, scope: Any, adapter: Adapter, request: PredictRequest, params: dict[str, str],
                        origin: Origin) -> tuple[int, bytes, list[tuple[str, str]]]:
@@ -143,6 +142,16 @@ class Front:
             if match:
                 return adapter, match.groupdict()
         return None
+
+
+async def _answer(send, status: int, data: bytes, headers: list[tuple[str, str]], request_id: str) -> None:
+    headers = [*headers, ("X-Request-ID", request_id)]
+    if not any(k.lower() == "content-type" for k, _ in headers):
+        headers = [("Content-Type", "application/json"), *headers]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(data)).encode()),
+                            *((k.lower().encode(), v.encode()) for k, v in headers)]})
+    await send({"type": "http.response.body", "body": data})
 
 
 def _on_leave(scope: Any) -> list[bool]:
