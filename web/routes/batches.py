@@ -62,8 +62,8 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
         blueprint.add_url_rule(rule, name, view, methods=[method])
     blueprint.register_error_handler(Exception, routes.error)
     app.register_blueprint(blueprint)
-    # OpenAI's paths answer their errors in its shape, /v1/embeddings's too: the front serves its
-    # POST, and any other method of it reaches Flask.
+    # OpenAI's paths answer their errors in its shape; of /v1/embeddings the front answers every method,
+    # and only a path under it reaches Flask.
     errors.claim(app, ("/v1/files", "/v1/batches", "/v1/embeddings"), routes.error)
 
 
