@@ -90,14 +90,17 @@ def multipart(field: str, filename: str, data: bytes, content_type: str = "image
     return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-def metric(text: str, name: str, **labels) -> float:
-    """The sum of a Prometheus metric's samples whose labels match, from /metrics text."""
+def metric(text: str, name: str, *, absent: float | None = None, **labels) -> float:
+    """The sum of a Prometheus metric's samples whose labels match, from /metrics text (`absent`
+    where none does: a counter not yet counted; None, the default: fail)."""
     total, found = 0.0, False
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
                 found = True
+    if not found and absent is not None:
+        return absent
     assert found, f"{name} {labels} not in /metrics"
     return total
 

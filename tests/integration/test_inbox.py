@@ -119,3 +119,24 @@ def test_redis_going_away_fails_the_waiting_requests():
     finally:
         server.stop()
         inbox.close()
+
+
+def test_every_borrower_that_learns_its_job_late_gets_its_reply(redis_client, inbox):
+    """Requests of this process borrowing one job (web/queueing/recall.py), whose push scripts ran before
+    its reply came but who ask for it after: each gets it, not only the first to ask."""
+
+    async def late_borrowers():
+        inbox.lending = True  # a cached model's request ran in this process
+        own = inbox.expect(M, ["lent"])
+        redis_client.lpush(inbox.key(M), reply("lent", 7))
+        [mine] = await inbox.collect(own, ["lent"], now_ms() + 10_000)
+        borrowers = [inbox.borrow(M, ["lent"]) for _ in range(3)]
+        try:
+            return mine, await asyncio.wait_for(asyncio.gather(*(w.future for w in borrowers)), 5)
+        finally:
+            for waiter in borrowers:
+                inbox.give_back(["lent"], waiter)
+
+    mine, borrowed = asyncio.run(late_borrowers())
+    assert mine.outputs["value"] == 7
+    assert [[r.outputs["value"] for r in got] for got in borrowed] == [[7], [7], [7]]

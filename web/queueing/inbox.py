@@ -130,7 +130,7 @@ class Inbox:
         waiter = Waiter(len(job_ids))
         with self._routing:
             for job_id in job_ids:
-                came = self._recent.pop(job_id, None)
+                came = self._recent.get(job_id)  # kept: other requests here may borrow it late too
                 if came is not None:
                     waiter.put(came)
                 else:
