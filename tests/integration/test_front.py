@@ -10,7 +10,6 @@ ASGI app and uvicorn.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import uvicorn
@@ -21,7 +20,7 @@ from funnel.web import server
 from funnel.web.pipeline import Pipeline
 from funnel.web.settings import WebSettings
 from funnel.web.transport.protocol import Protocol
-from tests.support import http, metric, multipart
+from tests.support import http, metric, multipart, wait_for
 
 KEY = "front-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -179,10 +178,9 @@ def in_process(stack, monkeypatch):
     served = uvicorn.Server(config)
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not served.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    def alive() -> None:
+        assert thread.is_alive(), "uvicorn did not start"
+    wait_for(lambda: served.started, timeout_s=30, interval_s=0.02, what="uvicorn to start", check=alive)
     yield f"http://127.0.0.1:{port}", calls
     served.should_exit = True
     thread.join(10)
@@ -200,8 +198,8 @@ def test_v1_v2_and_a_jobs_items_take_the_same_pipeline(in_process):
     assert status == 202, body
     assert calls == [("text-embedding", ["through v1"]), ("text-embedding", ["through v2"]),
                      ("text-embedding", ["a job's first", "a job's second"])]
-    deadline = time.monotonic() + 30
-    while (job := http("GET", url + f"/v1/jobs/{body['id']}")[1])["state"] != "done":
-        assert time.monotonic() < deadline, job
-        time.sleep(0.05)
+    def done() -> dict | None:
+        job = http("GET", url + f"/v1/jobs/{body['id']}")[1]
+        return job if job["state"] == "done" else None
+    job = wait_for(done, timeout_s=30, interval_s=0.05, what="the job to be done")
     assert [len(r["embedding"]) for r in job["results"]] == [384, 384]

@@ -2,9 +2,10 @@
 -- answer a worker's taken messages (reply.lua, store_results.lua).
 --
 -- taken_message(list, handle, size, forget): the message a handle names in a worker's in-flight list,
--- as it lies there, or nil when it is no longer in flight; with forget, removed from the list too. A handle (common/contracts/wire.py, `handle`) is
--- the whole message (size is then its length), or, for a long one whose job id lies in its first
--- bytes, those bytes, so that a worker answering images does not send their pixels back to Redis.
+-- as it lies there, or nil when it is no longer in flight; with forget, removed from the list too.
+-- A handle (common/contracts/wire.py, `handle`) is the whole message (size is then its length), or,
+-- for a long one whose job id lies in its first bytes, those bytes, so that a worker answering
+-- images does not send their pixels back to Redis.
 -- The take script pushes messages at the list's head, so a batch's own lie at its tail: the search
 -- for a long one starts there, and copies each message it compares.
 --   list    the in-flight list, funnel:inflight:{<model>}:<worker>
