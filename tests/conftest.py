@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,15 @@ def coffee_jpeg() -> bytes:
 
     return jpeg_bytes(data.coffee())
 
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The container tests run last, their images built from now on beside the other tests
+    (tests/deploy/test_containers.py, Build): the build waits mostly on the network and the disk."""
+    containers = [item for item in items if item.nodeid.startswith("tests/deploy/test_containers.py")]
+    if (not containers or len(containers) == len(items) or config.option.collectonly
+            or os.environ.get("FUNNEL_TEST_CONTAINERS") == "0"):
+        return
+    items[:] = [item for item in items if item not in containers] + containers
+    from tests.deploy.test_containers import BUILD
+    BUILD.start()

@@ -35,7 +35,6 @@ class Member:
     worker_id: str
     info: dict
     stats: Stats = field(default_factory=Stats)
-    live: Callable[[], dict[str, str]] = dict  # fields read afresh on every beat (a model's state)
 
 
 class Heartbeat:
@@ -46,6 +45,10 @@ class Heartbeat:
         self.members = [Member(worker_id, {**info, **self.common})]
         self.stats = self.members[0].stats
         self.recovery, self.ttl_s = recovery, ttl_s
+        # Fields of members read afresh on every beat, member id -> fields, all as of one instant (the
+        # states of a worker's models: worker/residency.py).
+        self.live: Callable[[], dict[str, dict[str, str]]] = dict
+        self._beating = threading.Lock()  # a beat's reading is written before the next beat reads
         self._stop = threading.Event()
         self._steady_since = time.monotonic()  # since when every beat has reached Redis on time
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -68,10 +71,14 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
-        for member in self.members:
-            registry.publish(self.client, self.keys, member.worker_id,
-                             {**member.info, **member.stats.fields(), **member.live(), "seen": time.time()},
-                             self.ttl_s)
+        """Publish every member's hash in one round trip; called on the heartbeat's clock and whenever a
+        member's state changes. Beats are serialized, so an older reading never overwrites a newer one."""
+        with self._beating:
+            live, seen = self.live(), time.time()
+            registry.publish_all(self.client, self.keys,
+                                 {m.worker_id: {**m.info, **m.stats.fields(), **live.get(m.worker_id, {}),
+                                                "seen": seen} for m in self.members},
+                                 self.ttl_s)
 
     def _run(self) -> None:
         beaten = time.monotonic()

@@ -15,7 +15,6 @@ in for one model's steps (which model to take from, and loading: worker/residenc
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import sys
@@ -143,8 +142,7 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
                           Limits(settings.max_resident, settings.max_resident_mb, settings.load_retry_s,
                                  settings.load_timeout_s),
                           lambda spec: loaded(settings, spec, device), heartbeat.beat)
-    for member in heartbeat.members:
-        member.live = functools.partial(residency.fields, member.worker_id)
+    heartbeat.live = residency.fields
     seats = [seat(settings, spec, m.worker_id, m.stats, client, keys, hold, stop)
              for spec, m in zip(specs, heartbeat.members)]
     log.info("worker %s serving %d models, at most %s resident: %s", settings.worker_id, len(specs),

@@ -86,12 +86,13 @@ class Limits:
 
 class Residency:
     def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, models: list[Model], limits: Limits,
-                 load: Callable[[ModelSpec], Loaded], loaded: Callable[[], None] = lambda: None):
-        """load: a model's task and backend, warmed up (on the loader's thread); loaded: called after
-        each load ends, done or failed (the heartbeat publishes the new state)."""
+                 load: Callable[[ModelSpec], Loaded], changed: Callable[[], None] = lambda: None):
+        """load: a model's task and backend, warmed up (on the loader's thread); changed: called when
+        states change (a load begun with the unloads that make room for it, a load ended, done or failed,
+        or given up): the heartbeat publishes every model's state at once."""
         self.client, self.keys, self.worker_id = client, keys, worker_id
         self.models = {model.member: model for model in models}
-        self.limits, self._load, self._loaded = limits, load, loaded
+        self.limits, self._load, self._changed = limits, load, changed
         self._lock = threading.Lock()
         self._loading: Model | None = None
         self._claim = lua_scripts.register(client, "load_claim")
@@ -99,10 +100,12 @@ class Residency:
     def state(self, member: str) -> str:
         return self.models[member].state
 
-    def fields(self, member: str) -> dict[str, str]:
-        """The model's registry fields beside the worker's (common/contracts/registry.py's MEMBER_FIELDS)."""
-        model = self.models[member]
-        return {"process": self.worker_id, "state": model.state, "load_error": model.error}
+    def fields(self) -> dict[str, dict[str, str]]:
+        """Each model's registry fields beside the worker's (common/contracts/registry.py's MEMBER_FIELDS),
+        member id -> fields, all read at one instant: never more resident or loading than the limits."""
+        with self._lock:
+            return {member: {"process": self.worker_id, "state": model.state, "load_error": model.error}
+                    for member, model in self.models.items()}
 
     def pin(self, member: str) -> Loaded | None:
         """The model's task and backend, held loaded until unpin(); None unless it is resident."""
@@ -143,7 +146,7 @@ class Residency:
             self._loading = None
         log.error("could not load %s version %d: %s", model.spec.name, model.spec.version, error)
         self._hold_claim(model, 0)  # released: a peer may load it now
-        self._loaded()
+        self._published()
 
     def load(self, member: str, spare: frozenset[str] = frozenset()) -> bool:
         """Start loading a cold model (or a failed one due for another try) on the loader's thread, making
@@ -163,6 +166,7 @@ class Residency:
                 self._unload(victim)
             model.state, self._loading = "loading", model
             model.load_started, model.attempt = time.monotonic(), model.attempt + 1
+        self._published()  # the unloads and this load together, before the load's thread starts
         threading.Thread(target=self._run_load, args=(model, model.attempt), name=f"load {model.spec.name}",
                          daemon=True).start()
         return True
@@ -217,12 +221,19 @@ class Residency:
                 model.state, model.error = "failed", error
                 model.retry_at = time.monotonic() + self.limits.retry_s
         try:
-            self._loaded()
+            self._published()
             self._hold_claim(model, CLAIM_KEPT_S)
         except redis.RedisError as exc:  # the claim lapses by itself; the next beat publishes the state
             log.warning("after loading %s: %s", model.spec.name, exc)
         finally:
             self._loading = None
+
+    def _published(self) -> None:
+        """Tell the heartbeat the states changed; a Redis error leaves them to its next beat."""
+        try:
+            self._changed()
+        except redis.RedisError as exc:
+            log.warning("could not publish the models' states: %s", exc)
 
     @property
     def loading(self) -> str | None:

@@ -22,6 +22,7 @@ import redis
 
 from funnel.common.contracts.keys import Keys
 from funnel.common.contracts.priority import LANES
+from funnel.common.link.connection import on_cluster
 
 # Set once at registration; `seen` (epoch seconds of the last heartbeat) is refreshed on every beat.
 INFO_FIELDS = ("model", "version", "backend", "device", "batch_size", "linger_ms", "lanes", "wire", "pid", "host",
@@ -93,18 +94,26 @@ def load_s(worker: Mapping[str, str]) -> float:
 
 
 def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str, Any], ttl_s: float) -> None:
-    """List a worker, then write its hash and refresh its TTL in one transaction (a hash never
-    outlives its TTL). Two steps, as the list and the hash live in different slots on a cluster;
-    listed without a hash it looks dead until the next beat, and recovery finds nothing to move."""
-    model = str(fields["model"])
-    key = keys.worker(model, worker_id)
+    """List one worker and write its hash (publish_all with one member)."""
+    publish_all(client, keys, {worker_id: fields}, ttl_s)
+
+
+def publish_all(client: redis.Redis, keys: Keys, members: Mapping[str, Mapping[str, Any]], ttl_s: float) -> None:
+    """List workers (id -> fields), then write their hashes and refresh their TTLs in one round trip: on
+    one Redis one transaction, so a reader (live_workers) sees every member of a process as of one instant
+    (a model unloaded and the one loaded in its place at once); on a cluster, where the hashes lie in
+    different slots, one pipeline a node. Two steps, as the list and the hashes live in different slots on
+    a cluster; listed without a hash a worker looks dead until the next beat, and recovery finds nothing
+    to move."""
     listing = client.pipeline(transaction=False)  # two keys, two slots on a cluster
-    listing.hset(keys.workers(), worker_id, model)
+    listing.hset(keys.workers(), mapping={worker_id: str(fields["model"]) for worker_id, fields in members.items()})
     listing.set(keys.epoch(), os.urandom(8).hex(), nx=True)  # a Redis that lost its data gets a new one
     listing.execute()
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
-    pipe.pexpire(key, int(ttl_s * 1000))
+    pipe = client.pipeline(transaction=not on_cluster(client))
+    for worker_id, fields in members.items():
+        key = keys.worker(str(fields["model"]), worker_id)
+        pipe.hset(key, mapping={name: str(value) for name, value in fields.items()})
+        pipe.pexpire(key, int(ttl_s * 1000))
     pipe.execute()
 
 
@@ -131,13 +140,14 @@ def alive(client: redis.Redis, keys: Keys, workers: Mapping[str, str]) -> list[b
 
 
 def live_workers(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
-    """Every worker whose heartbeat has not expired, as {"id", **its hash fields}, by id.
+    """Every worker whose heartbeat has not expired, as {"id", **its hash fields}, by id; on one Redis
+    read in one transaction, so the members of one process show one instant of it (publish_all).
 
     Raises redis.RedisError when Redis is unreachable: callers answer 503.
     """
     listed = registered(client, keys)
     ids = sorted(listed)
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=not on_cluster(client))  # one instant, as publish_all writes them
     for worker_id in ids:
         pipe.hgetall(keys.worker(listed[worker_id], worker_id))
     found = pipe.execute()

@@ -21,7 +21,7 @@ from tests.browser.test_page import CHROMIUM, FLAGS, LAPTOP, WAIT_MS, expect, sy
 from tests.support import cached_store, http
 
 MODEL = "text-embedding"
-TEXTS = 4000  # a bulk job the worker takes seconds to drain: several readings see it
+TEXTS = 2000  # a bulk job the worker takes seconds to drain: several readings see it
 KEYS = "alice=key-alice,bob=key-bob,ops=key-ops"
 
 pytestmark = pytest.mark.timeout(240)

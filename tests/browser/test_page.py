@@ -114,6 +114,15 @@ def test_cat_photo_shows_cat_first_with_timings(page, cat_jpeg, tmp_path):
     page.screenshot(path=tmp_path / "image-laptop.png", full_page=True)
 
 
+def test_the_footer_leads_to_the_dashboard_and_back(page, stack):
+    page.locator("footer a", has_text="dashboard").click()
+    page.wait_for_url(stack.url + "/dashboard")
+    expect(page.locator("h1")).to_contain_text("dashboard")
+    page.locator("footer a", has_text="the page").click()
+    page.wait_for_url(stack.url + "/")
+    expect(page.locator(".picker")).to_be_visible()
+
+
 def test_sentence_similarity_table(page, tmp_path):
     panel = pick(page, "text-embedding")
     panel.locator(".text-form textarea").fill("\n".join(SENTENCES))

@@ -214,62 +214,100 @@ def timings_record(name: str, seconds: float) -> None:
 # ---------------------------------------------------------------------------
 
 
+class Build:
+    """The base images, then the web and worker images, built on a thread of their own from the start of
+    the session (tests/conftest.py starts it once the suite is collected, and runs this module last), so
+    that the build's waits on the network and the disk overlap the other tests. The stack fixture waits
+    for it; what stopped it (a skip included) is raised there."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._outcome: dict[str, str] | BaseException | None = None
+
+    def start(self) -> Build:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="image build", daemon=True)
+            self._thread.start()
+        return self
+
+    def wait(self) -> dict[str, str]:
+        """The Compose environment the images were built with."""
+        assert self._thread is not None
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._build()
+        except BaseException as exc:  # a skip too: raised again in the fixture, on the test's thread
+            self._outcome = exc
+
+    def _build(self) -> dict[str, str]:
+        _engine()
+        compose_command()
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+
+        # Stand-in base images (kept between runs; made in about 1.5 minutes).
+        started = time.monotonic()
+        made = subprocess.run(["bash", str(ROOT / "deploy" / "base-images.sh"), "python", "redis", "nginx"],
+                              capture_output=True, text=True, timeout=600)
+        if made.returncode != 0:
+            _skip_or_fail(f"deploy/base-images.sh could not make the base images "
+                          f"(needs root, debootstrap, a Debian mirror):\n{made.stderr[-2000:]}")
+        bases = dict(line.removeprefix("export ").split("=", 1) for line in made.stdout.splitlines())
+        timings_record("base-images", time.monotonic() - started)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
+        env.update(bases)
+        env.update({
+            "CUDA_IMAGE": bases["PYTHON_IMAGE"],  # not built for the cpu target; never pulled
+            "WEB_IMAGE": WEB_IMAGE, "WORKER_IMAGE": WORKER_IMAGE,
+            "WEB_BIND": "127.0.0.1", "WEB_PORT": str(free_port()),
+            "GRPC_BIND": "127.0.0.1", "GRPC_PORT": str(free_port()),
+            "BUILD_NETWORK": "host",  # the build reaches the wheel server on 127.0.0.1
+            "DOCKER_BUILDKIT": "0",  # the classic builder: no frontend image to pull
+            # Two cores: one backend thread per worker, a small web.
+            "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_PROCESSES": "1", "FUNNEL_THREADS": "16",
+        })
+        wheels = WheelServer(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                             / "funnel" / "wheelhouse")
+        if wheels.find_torch():
+            env["TORCH_FIND_LINKS"] = wheels.start()
+            env["TORCH_INDEX_URL"] = "https://pypi.org/simple"  # no other index to try
+        try:
+            builder = Stack(env, "funnelbuild")
+            before = {image: _image_id(image) for image in (WEB_IMAGE, WORKER_IMAGE)}
+            for service in ("web", "worker-text"):  # worker-image: the same image, then cached
+                started = time.monotonic()
+                builder.run("build", service, timeout=BUILD_TIMEOUT_S, log=LOG_DIR / f"build-{service}.log")
+                timings_record(f"build {service}", time.monotonic() - started)
+            for image, old in before.items():  # the image this build replaced, if any
+                if old and old != _image_id(image):
+                    subprocess.run(["docker", "rmi", old], capture_output=True, timeout=120)
+        finally:
+            wheels.stop()
+        return env
+
+
+BUILD = Build()
+
+
 @pytest.fixture(scope="module")
 def stack():
-    _engine()
-    compose_command()
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-
-    # Stand-in base images (kept between runs; made in about 1.5 minutes).
-    started = time.monotonic()
-    made = subprocess.run(["bash", str(ROOT / "deploy" / "base-images.sh"), "python", "redis", "nginx"],
-                          capture_output=True, text=True, timeout=600)
-    if made.returncode != 0:
-        _skip_or_fail(f"deploy/base-images.sh could not make the base images "
-                      f"(needs root, debootstrap, a Debian mirror):\n{made.stderr[-2000:]}")
-    bases = dict(line.removeprefix("export ").split("=", 1) for line in made.stdout.splitlines())
-    timings_record("base-images", time.monotonic() - started)
-
-    project = f"funneltest{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUNNEL_", "COMPOSE_"))}
-    env.update(bases)
-    env.update({
-        "CUDA_IMAGE": bases["PYTHON_IMAGE"],  # not built for the cpu target; never pulled
-        "WEB_IMAGE": WEB_IMAGE, "WORKER_IMAGE": WORKER_IMAGE,
-        "WEB_BIND": "127.0.0.1", "WEB_PORT": str(free_port()),
-        "GRPC_BIND": "127.0.0.1", "GRPC_PORT": str(free_port()),
-        "BUILD_NETWORK": "host",  # the build reaches the wheel server on 127.0.0.1
-        "DOCKER_BUILDKIT": "0",  # the classic builder: no frontend image to pull
-        # Two cores: one backend thread per worker, a small web.
-        "FUNNEL_INTRA_OP_THREADS": "1", "FUNNEL_PROCESSES": "1", "FUNNEL_THREADS": "16",
-    })
-    wheels = WheelServer(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                         / "funnel" / "wheelhouse")
-    if wheels.find_torch():
-        env["TORCH_FIND_LINKS"] = wheels.start()
-        env["TORCH_INDEX_URL"] = "https://pypi.org/simple"  # no other index to try
-    stack = Stack(env, project)
+    env = BUILD.start().wait()
+    stack = Stack(env, f"funneltest{uuid.uuid4().hex[:8]}")
     try:
-        before = {image: _image_id(image) for image in (WEB_IMAGE, WORKER_IMAGE)}
-        for service in ("web", "worker-text"):  # worker-image: the same image, then cached
-            started = time.monotonic()
-            stack.run("build", service, timeout=BUILD_TIMEOUT_S, log=LOG_DIR / f"build-{service}.log")
-            timings_record(f"build {service}", time.monotonic() - started)
-        for image, old in before.items():  # the image this build replaced, if any
-            if old and old != _image_id(image):
-                subprocess.run(["docker", "rmi", old], capture_output=True, timeout=120)
         started = time.monotonic()
         stack.run("up", "-d", "--no-build", timeout=300)
         stack.wait_healthy(240, {s: WORKER_REPLICAS if s.startswith("worker-") else 1 for s in SERVICES})
         timings_record("up healthy", time.monotonic() - started)
         yield stack
     finally:
-        try:
-            stack.run("down", "--volumes", "--remove-orphans", "--timeout", "20", timeout=180,
-                      check=False)
-        finally:
-            wheels.stop()
-    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+        stack.run("down", "--volumes", "--remove-orphans", "--timeout", "20", timeout=180, check=False)
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.project}"],
                           capture_output=True, text=True, timeout=60).stdout.split()
     assert not left, f"`down` left containers {left}"
 

@@ -57,16 +57,16 @@ def all_results(stack, job_id, page=1000):
 
 
 def test_bulk_job_equals_the_synchronous_answers_in_order(stack):
-    texts = corpus(2000, "bulk")
+    texts = corpus(1200, "bulk")  # more than one page of results (1,000)
     code, body, headers = submit(stack, texts)
     assert code == 202, body
     assert headers["Location"] == f"/v1/jobs/{body['id']}"
     assert body["state"] in ("queued", "running") and body["progress"]["total"] == len(texts)
     done = finished(stack, body["id"], timeout_s=240)
-    assert done["state"] == "done" and done["progress"] == {"done": 2000, "total": 2000, "failed": 0}
+    assert done["state"] == "done" and done["progress"] == {"done": 1200, "total": 1200, "failed": 0}
     results = all_results(stack, body["id"])
     assert len(results) == len(texts)
-    for i in [0, 1, 2, 999, 1000, 1777, 1999]:  # spot checks against /predict, one text at a time
+    for i in [0, 1, 2, 999, 1000, 1199]:  # spot checks against /predict, one text at a time
         sync = http("POST", f"{stack.url}/v1/models/{TEXT}/predict", json_body={"text": texts[i]})[1]
         assert np.allclose(results[i]["embedding"], sync["embedding"], atol=1e-5), i
     # Every result in input order: compare all against one synchronous batch-of-64 pass per chunk.
@@ -91,7 +91,7 @@ def json_lines(stack, job_id, offset=0):
 def test_json_lines_results_equal_the_paged_results(stack):
     from funnel_client import Client
 
-    texts = corpus(2500, "lines")  # more than one HMGET chunk (1,000) of the stream
+    texts = corpus(1100, "lines")  # more than one HMGET chunk (1,000) of the stream
     job_id = submit(stack, texts)[1]["id"]
     code, early, headers = json_lines(stack, job_id)  # while it runs: a line per item, null if not answered
     assert code == 200 and len(early) == len(texts) and headers["Content-Type"] == "application/x-ndjson"
@@ -102,10 +102,10 @@ def test_json_lines_results_equal_the_paged_results(stack):
     code, streamed, headers = json_lines(stack, job_id)
     assert code == 200 and headers["Funnel-Job-State"] == "done"
     assert streamed == paged and None not in streamed
-    assert json_lines(stack, job_id, offset=2400)[1] == paged[2400:]
-    assert json_lines(stack, job_id, offset=2500)[1] == []
+    assert json_lines(stack, job_id, offset=1000)[1] == paged[1000:]
+    assert json_lines(stack, job_id, offset=1100)[1] == []
     with Client(stack.url) as client:
-        assert list(client.stream_results(job_id, offset=1999)) == paged[1999:]
+        assert list(client.stream_results(job_id, offset=999)) == paged[999:]
         assert list(client.results(job_id)) == paged
     assert json_lines(stack, job_id, offset=-1)[0] == 400
     assert json_lines(stack, "f" * 32)[0] == 404 and json_lines(stack, "0" * 12 + "f" * 20)[0] == 410

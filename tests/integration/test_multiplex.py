@@ -4,6 +4,7 @@ web tier's views (GET /v1/models, /metrics) telling which worker holds which."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from tests import toy_model
-from tests.support import PACED_ENV, http, metric
+from tests.support import FAST_HEARTBEAT, PACED_ENV, http, metric
 
 MODELS = [f"copy-{i}" for i in range(4)]
 
@@ -39,7 +40,7 @@ def test_one_worker_answers_each_model_with_its_own_weights(copies, tmp_path):
     assert not np.allclose(expected[MODELS[0]], expected[MODELS[1]])  # the copies' answers differ
     with Stack(model_store=copies, models=MODELS, workers=[], worker_env=PACED_ENV, web_env=PACED_ENV,
                log_dir=tmp_path) as stack:
-        stack.start_worker(",".join(MODELS), FUNNEL_MAX_RESIDENT="2", FUNNEL_WORKER_ID="many")
+        stack.start_worker(",".join(MODELS), FUNNEL_MAX_RESIDENT="2", FUNNEL_WORKER_ID="many", **FAST_HEARTBEAT)
         stack.wait_ready(60, expected=dict.fromkeys(MODELS, 1))  # each registered, none loaded yet
         listing = http("GET", f"{stack.url}/v1/models")[1]
         states = {m["name"]: [w["state"] for w in m["workers"]] for m in listing["models"]}
@@ -51,10 +52,22 @@ def test_one_worker_answers_each_model_with_its_own_weights(copies, tmp_path):
             got = np.array([r["scores"] for r in body["results"]])
             return bool(np.allclose(got, expected[round_and_model[1]], atol=1e-5))
 
-        # Rounds over every model, two at a time: four models through two places, loaded and unloaded.
+        def resident_seen(churned: threading.Event) -> list[int]:  # each reading of /v1/models meanwhile
+            seen = []
+            while not churned.is_set():
+                found = http("GET", f"{stack.url}/v1/models")[1]["models"]
+                seen.append(sum(w["state"] == "resident" for m in found for w in m["workers"]))
+            return seen
+
+        # Rounds over every model, two at a time: four models through two places, loaded and unloaded,
+        # while the registry is read as an operator reads it.
         order = [(r, name) for r in range(3) for name in MODELS]
-        with ThreadPoolExecutor(2) as pool:
+        churned = threading.Event()
+        with ThreadPoolExecutor(3) as pool:
+            polled = pool.submit(resident_seen, churned)
             assert all(pool.map(one, order))
+            churned.set()
+            assert polled.result() and max(polled.result()) <= 2, polled.result()
 
         listing = http("GET", f"{stack.url}/v1/models")[1]
         workers = [w for m in listing["models"] for w in m["workers"]]

@@ -48,8 +48,7 @@ def test_a_worker_of_several_models_counts_once(redis_client, keys):
                      recovery=None, ttl_s=30)
     for model in ("b", "c"):
         beat.join(f"many.{model}.1", {"model": model, "backend": "onnx", "device": "cuda:0"})
-    for member in beat.members:
-        member.live = lambda: {"process": "many", "state": "cold", "load_error": ""}
+    beat.live = lambda: {m.worker_id: {"process": "many", "state": "cold", "load_error": ""} for m in beat.members}
     beat.beat()
     register(redis_client, keys, "one", "cuda:1")
     assert devices.live_counts(redis_client, keys) == {"cuda:0": 1, "cuda:1": 1}

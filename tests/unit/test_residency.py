@@ -4,10 +4,13 @@ in a loop; and what the web tier makes of the members' fields (web/queueing/shed
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from funnel.common.contracts import registry
 from funnel.common.store import ModelSpec
@@ -133,7 +136,7 @@ def test_a_model_that_fails_to_load_is_not_retried_in_a_loop(redis_client, keys)
     r = residency(redis_client, keys, ["broken", "fine"], limits=Limits(2, retry_s=0.5), loader=loader)
     assert load(r, "broken")
     assert r.state("w1.broken.1") == "failed"
-    assert r.fields("w1.broken.1") == {"process": "w1", "state": "failed",
+    assert r.fields()["w1.broken.1"] == {"process": "w1", "state": "failed",
                                        "load_error": "FileNotFoundError: no such file: broken.onnx"}
     redis_client.delete(keys.loading("broken"))
     assert not r.due("w1.broken.1") and not r.load("w1.broken.1")  # not before its retry is due
@@ -155,8 +158,8 @@ def test_a_load_that_hangs_is_given_up_at_its_timeout(redis_client, keys):
     assert r.state("w1.hung.1") == "loading" and redis_client.get(keys.loading("hung")) == b"w1"
     assert not r.load("w1.fine.1")  # one load at a time
     wait_for(lambda: r.renew() or r.state("w1.hung.1") == "failed", timeout_s=5, what="the load given up")
-    assert r.fields("w1.hung.1")["load_error"].startswith("TimeoutError: the load took longer than 0.3 s")
-    assert published == ["failed"]  # the heartbeat told at once
+    assert r.fields()["w1.hung.1"]["load_error"].startswith("TimeoutError: the load took longer than 0.3 s")
+    assert published == ["loading", "failed"]  # the heartbeat told at once, of the start and the end
     assert not redis_client.exists(keys.loading("hung"))  # released: a peer may load it now
     assert r.loading is None and load(r, "fine")  # the next load is free, though the hung thread runs on
     assert not r.due("w1.hung.1") and not r.load("w1.hung.1")  # not retried in a loop
@@ -208,6 +211,60 @@ def test_a_model_whose_work_waits_is_spared_unless_told(redis_client, keys):
     assert r.load("w1.c.1", spare=frozenset({"w1.a.1"}))  # b's work is done: b goes, a stays
     wait_for(lambda: r.loading is None, timeout_s=10)
     assert [r.state(f"w1.{n}.1") for n in "abc"] == ["resident", "cold", "resident"]
+
+
+class Lagging(redis.Redis):
+    """A real Redis client whose every round trip starts up to 2 ms late, as on a host whose threads wait
+    for the interpreter's lock or the CPU: a beat's reading and its write drift apart."""
+
+    def execute_command(self, *args, **options):
+        time.sleep(random.random() * 0.002)
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction=True, shard_hint=None):
+        time.sleep(random.random() * 0.002)
+        return super().pipeline(transaction, shard_hint)
+
+
+def test_the_registry_never_shows_more_resident_than_the_limit(redis_server, redis_client, keys):
+    """Loads and unloads churn while a heartbeat beats on its own clock as well: every reading of the
+    registry, by the web tier's call, shows at most the limit resident, and as many loaded as the worker has."""
+    from funnel.worker.heartbeat import Heartbeat
+
+    names = [f"m{i}" for i in range(8)]
+    lagging = Lagging.from_url(redis_server.url)  # the worker's Redis, as a busy host reaches it
+    beat = Heartbeat(lagging, keys, "w1.m0.1", {"model": "m0"}, recovery=None, ttl_s=30)  # type: ignore[arg-type]
+    for name in names[1:]:
+        beat.join(f"w1.{name}.1", {"model": name})
+    r = Residency(lagging, keys, "w1", [Model(spec(m.info["model"]), m.worker_id, m.stats, 1.0)
+                                        for m in beat.members], Limits(3), Loader(), beat.beat)
+    beat.live = r.fields
+    beat.beat()
+    done, most, readings = threading.Event(), [0], [0]
+
+    def churn() -> None:
+        for turn in range(40):
+            member = f"w1.{names[turn % len(names)]}.1"
+            redis_client.delete(keys.loading(names[turn % len(names)]))
+            if r.load(member):
+                wait_for(lambda: r.loading is None, timeout_s=10)
+        done.set()
+
+    def clock() -> None:  # the heartbeat thread's beats, far more often than its TTL asks
+        while not done.wait(0.002):
+            beat.beat()
+
+    threads = [threading.Thread(target=churn), threading.Thread(target=clock)]
+    for thread in threads:
+        thread.start()
+    while not done.is_set():
+        workers = registry.live_workers(redis_client, keys)
+        most[0] = max(most[0], sum(registry.resident(w) for w in workers))
+        readings[0] += 1
+    for thread in threads:
+        thread.join()
+    assert readings[0] > 50 and most[0] == 3, (most, readings)
+    assert sum(registry.resident(w) for w in registry.live_workers(redis_client, keys)) == 3
 
 
 def multiplex(client, keys, names: list[str]):
