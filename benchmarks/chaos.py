@@ -1,7 +1,7 @@
 """Chaos soak with a ledger: mixed traffic while processes die, checked against every request.
 
     python -m benchmarks.chaos [--duration 1200] [--seed 1] [--cluster] [--clients 6] [--bulk-clients 1]
-                               [--workers-per-model 2] [--store model_store] [--keep-logs]
+                               [--workers-per-model 2] [--redis-kills N] [--store model_store] [--keep-logs]
 
 Redis behind three Sentinels (scripts/redis_local.py's LocalSentinels: a
 primary and a replica), or with --cluster a Redis Cluster of three primaries
@@ -22,7 +22,13 @@ moments (seeded by --seed, planned up front) one of these happens, one at a time
 - web-kill: a web tier's gunicorn master and its process SIGKILLed together,
   then started again on its port;
 - redis-kill: the Redis primary SIGKILLed; the Sentinels (the cluster) fail
-  over; the old primary rejoins as a replica of the new one;
+  over; once every Sentinel has reached the new primary, the old one restarts
+  as its replica, and the event ends when that replica is in sync and
+  acknowledging writes. The next primary kill waits for the deployment to be
+  whole again (REDIS_GAP_S after the last one, the replica in sync and
+  acknowledging, every Sentinel counting it and none in TILT): the faults due
+  meanwhile go first, and past WHOLE_BOUND_S it is injected anyway, to fail
+  naming what was missing;
 - nginx-restart: a new nginx started beside the old one, which quits gracefully.
 
 The web and worker processes keep the job ledger (benchmarks/ledger.py). Once
@@ -34,7 +40,8 @@ than its deadline plus a second; every request that got no HTTP status hung
 up on purpose; every acknowledged bulk job completed with each result once and
 right; Redis keys without a TTL back to their count before the traffic (keys
 with one expire by themselves: counted apart); each process that lived through
-the soak within RSS_SLACK of its memory before. The table goes to
+the soak within RSS_SLACK of its memory before; every planned fault injected
+before the traffic's end. The table goes to
 benchmarks/results/chaos-<date>.md (chaos-cluster-... with --cluster), with the
 machine; tests/faults/test_chaos.py runs a short round and asserts the checks.
 Bulk jobs go to a Redis Cluster as to Sentinel (a job's keys in its own slot,
@@ -63,14 +70,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from benchmarks import ledger as ledgers
 from benchmarks import save
 from benchmarks.chaos_load import CLIENT_MARGIN_S, IMAGE, TEXT, BulkJob, References, Request, Traffic
 from benchmarks.machine import cpu_model, loadavg, version
+from funnel.common.bulk.job_store import REPLICA_WAIT_MS
 from funnel.common.contracts.keys import Keys
 from funnel.common.link.connection import connect, scan_keys
 from funnel.scripts.front_door import FrontDoor
-from funnel.scripts.redis_local import LocalCluster, LocalSentinels, ask, free_port, wait_until
+from funnel.scripts.redis_local import LocalCluster, LocalRedis, LocalSentinels, ask, free_port, wait_until
 from funnel.scripts.stack import Stack, get_json
 
 DEADLINE_S = 10.0          # FUNNEL_REQUEST_TIMEOUT_S; a third of the requests ask for 3, 5 or 8 s instead
@@ -81,6 +91,17 @@ PAUSE_EXTRA_S = 2.0
 DOWN_AFTER_MS = 1000       # Sentinel: a primary silent this long is down
 FAILOVER_TIMEOUT_MS = 5000 # Sentinel: after a failover, none again for twice this
 REDIS_GAP_S = 20.0         # so at least this long between two primary kills
+SENTINEL_TILT_S = 30.0     # Redis's SENTINEL_TILT_PERIOD: a Sentinel whose timer stalled past 2 s (a starved
+                           # process, a clock jump) acts on nothing this long, so a replica it flagged down
+                           # stays flagged although it answers
+SENTINEL_INFO_S = 10.0     # Redis's SENTINEL_INFO_PERIOD: how often a Sentinel reads a replica's INFO, its link
+                           # status, once that replica has reported its link up
+WHOLE_BOUND_S = SENTINEL_TILT_S + SENTINEL_INFO_S + 2 * DOWN_AFTER_MS / 1000  # the longest a Sentinel that
+                           # stalled once may take to see the deployment as it is: its TILT, an INFO period, a
+                           # reconnection and a PING
+SYNC_BOUND_S = 60.0        # a killed primary restarted, until it is in sync and acknowledging (a full resync of
+                           # the soak's data, docs/failure-contract.md): a starved machine's margin
+POLL_S = 0.2               # how often a deferred primary kill asks whether the deployment is whole
 RSS_SLACK = (1.5, 64.0)    # a process's RSS after may be up to 1.5 x before + 64 MB
 PERIODS_S = {"worker-kill": 60, "worker-pause": 90, "web-kill": 120, "nginx-restart": 120, "redis-kill": 150}
 KINDS = tuple(PERIODS_S)
@@ -97,15 +118,28 @@ class Event:
     error: str = ""
     seconds: float = 0.0      # the figure of the event: failover time, pause length, restart time
     pid: int = 0              # the process it struck (a worker paused or killed)
+    back_s: float = 0.0       # a primary kill: from the kill until the old primary, restarted, was a replica in
+                              # sync that acknowledged the new primary's writes (no more 503 not_replicated)
+    waited_s: float = 0.0     # a primary kill: how long it waited past its moment for the deployment to be whole
 
 
-def plan(duration_s: float, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Event]:
-    """Each kind about once per its period (at least once), at seeded random moments away from
-    the start and the end of the traffic."""
+def plan(duration_s: float, seed: int, kinds: tuple[str, ...] = KINDS,
+         counts: dict[str, int] | None = None) -> list[Event]:
+    """Each kind about once per its period (at least once), or `counts[kind]` times, at seeded random
+    moments away from the start and the end of the traffic. A count asked of redis-kill spaces its
+    moments REDIS_GAP_S apart, so that each primary kill can be injected before the end."""
     rng = random.Random(seed)
     lead, tail = min(10.0, duration_s * 0.1), min(25.0, duration_s * 0.25)
     events = []
     for kind in kinds:
+        if counts and kind in counts:
+            gap = REDIS_GAP_S if kind == "redis-kill" else 0.0
+            span = duration_s - tail - lead - (counts[kind] - 1) * gap
+            if span < 0:
+                raise ValueError(f"{counts[kind]} of {kind}, {gap:g} s apart, do not fit in {duration_s:g} s")
+            moments = sorted(rng.uniform(0.0, span) for _ in range(counts[kind]))
+            events += [Event(kind, lead + m + i * gap) for i, m in enumerate(moments)]
+            continue
         for _ in range(max(1, round(duration_s / PERIODS_S[kind]))):
             events.append(Event(kind, rng.uniform(lead, duration_s - tail)))
     return sorted(events, key=lambda e: e.planned_s)
@@ -358,8 +392,9 @@ class Result:
                    and mb > self.before.rss_mb[role] * RSS_SLACK[0] + RSS_SLACK[1]}
         out.append(("each long-lived process's memory back near its baseline", not swollen,
                     f"over {RSS_SLACK[0]:g}x + {RSS_SLACK[1]:g} MB: {swollen or 'none'}"))
-        out.append(("every event injected", all(not e.error for e in self.events),
-                    "; ".join(f"{e.kind}: {e.error}" for e in self.events if e.error) or "yes"))
+        out.append(("every event injected", all(e.started and not e.error for e in self.events),
+                    "; ".join(f"{e.kind}: {e.error or 'not injected'}" for e in self.events
+                              if e.error or not e.started) or f"all {len(self.events)}"))
         return out
 
 
@@ -368,11 +403,11 @@ class Soak:
 
     def __init__(self, store: str | Path, log_dir: Path, duration_s: float, seed: int, cluster: bool = False,
                  clients: int = 6, bulk_clients: int = 1, workers_per_model: int = 2, pause_s: float = 0.05,
-                 kinds: tuple[str, ...] = KINDS):
+                 kinds: tuple[str, ...] = KINDS, counts: dict[str, int] | None = None):
         self.store, self.log_dir, self.duration_s, self.seed = Path(store).resolve(), log_dir, duration_s, seed
         self.cluster, self.clients, self.bulk_clients = cluster, clients, bulk_clients
         self.workers_per_model, self.pause_s = workers_per_model, pause_s
-        self.events = plan(duration_s, seed, kinds)
+        self.events = plan(duration_s, seed, kinds, counts)
         self.rng = random.Random(seed + 1)
         self.redis: LocalSentinels | LocalCluster = (LocalCluster(replicas=1) if cluster
                                                       else LocalSentinels(down_after_ms=DOWN_AFTER_MS,
@@ -384,7 +419,8 @@ class Soak:
         self.workers: list[tuple[str, subprocess.Popen]] = []  # slot -> (model, its current process)
         self.paused: set[int] = set()
         self.restarts: collections.Counter = collections.Counter()
-        self.last_redis_kill = 0.0
+        self.last_redis_kill = -REDIS_GAP_S  # monotonic seconds of the last primary kill
+        self.deferred: dict[int, float] = {}  # id of a primary kill -> when it was first found not injectable
         self.stopping = threading.Event()
 
     # -- the deployment --------------------------------------------------------------------------
@@ -431,6 +467,10 @@ class Soak:
             web.stop()
         if self.stack:
             self.stack.stop()  # the workers: SIGTERM, then SIGKILL past 30 s
+        if isinstance(self.redis, LocalSentinels):  # their +sdown, -sdown and +tilt lines, beside the others'
+            for path in Path(self.redis.dir).glob("sentinel-*.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copy(path, self.log_dir / path.name)
         self.redis.stop()
 
     def redis_client(self):
@@ -564,31 +604,139 @@ class Soak:
         event.seconds = time.monotonic() - began
 
     def _redis_kill(self, event: Event) -> None:
-        self.stopping.wait(max(0.0, self.last_redis_kill + REDIS_GAP_S - time.monotonic()))
-        event.started = time.time()
+        missing = self.missing() if event.waited_s > WHOLE_BOUND_S else ""
+        if missing:  # deferred that long (_chaos): a kill now would test a deployment still broken
+            raise RuntimeError(f"not injected after {event.waited_s:.1f} s of waiting: {missing}")
         began = time.monotonic()
         if isinstance(self.redis, LocalSentinels):
             old = self.redis.current_primary()
             old.kill()
-            self.redis.wait_failover(old.port, timeout_s=30)
+            self.last_redis_kill = time.monotonic()
+            new = self.redis.wait_failover(old.port, timeout_s=30)
             event.seconds = time.monotonic() - began
-            self.redis.rejoin(old)
-            event.detail = f"primary :{old.port} killed; replica promoted in {event.seconds:.1f} s; rejoined as replica"
+            self.restarts[f"redis :{old.port}"] += 1
+            event.detail = f"primary :{old.port} killed; :{new} promoted in {event.seconds:.1f} s"
+            # Restarted only once every Sentinel has had a PONG from the new primary: a Sentinel that
+            # switched to it reconnects on its own 1 s period, and one that hears nothing from it for
+            # down-after-milliseconds flags it down; its peers' votes on the old primary still fresh,
+            # that is a quorum at once, and it fails over again, to the old primary just restarted.
+            wait_until(lambda: not self._unreached(new), WHOLE_BOUND_S, f"every Sentinel to reach :{new}")
+            self._restart_as_replica(old, new)
+
+            def back() -> bool:
+                if self.redis.primary_port() == old.port:
+                    raise RuntimeError(f"the Sentinels failed over again, to :{old.port} restarted")
+                return self._replica_back(old.port, new)
+            wait_until(back, SYNC_BOUND_S, f":{old.port} to sync with :{new} and acknowledge its writes",
+                       alive=old.process)
+            event.back_s = time.monotonic() - began
+            event.detail += f"; a replica in sync and acknowledging {event.back_s:.1f} s after the kill"
         else:
             model = self.rng.choice((TEXT, IMAGE))
             old, new = self.redis.kill_primary_of(Keys().queue(model))
+            self.last_redis_kill = time.monotonic()
             event.seconds = time.monotonic() - began
+            self.restarts[f"redis :{old.port}"] += 1
             self.redis.rejoin(old)
+            event.back_s = time.monotonic() - began
             event.detail = (f"primary :{old.port} ({model}'s slot) killed; :{new.port} promoted in "
-                            f"{event.seconds:.1f} s; rejoined as replica")
-        self.restarts[f"redis :{old.port}"] += 1
-        self.last_redis_kill = time.monotonic()
+                            f"{event.seconds:.1f} s; rejoined as replica {event.back_s:.1f} s after the kill")
+        if event.waited_s >= POLL_S:
+            event.detail += f" (waited {event.waited_s:.1f} s for the deployment to be whole)"
+
+    def _restart_as_replica(self, server: LocalRedis, primary_port: int) -> None:
+        """Start a killed data node again as a replica of the primary of now, as LocalSentinels.rejoin
+        starts it, without rejoin's waits: the soak waits for what each next step needs itself."""
+        args = list(server.args)
+        while "--replicaof" in args:  # the primary it started with may be the one just killed
+            at = args.index("--replicaof")
+            del args[at:at + 3]
+        server.args = [*args, "--replicaof", "127.0.0.1", str(primary_port)]
+        server.start()
+
+    def _unreached(self, primary_port: int) -> list[int]:
+        """The Sentinels that have not had a PONG from this primary since they switched to it: they
+        name another, or flag it (disconnected, s_down, ...), or the PING that the switch left
+        pending is still unanswered (last-ping-sent is 0 only once a PONG has come)."""
+        def reached(port: int) -> bool:
+            state = ask(port, lambda c: c.sentinel_master(self.redis.service), {})
+            return (int(state.get("port", 0)) == primary_port and state.get("flags") == "master"
+                    and state.get("last-ping-sent") == 0)
+        return [port for port in self.redis.sentinel_ports if not reached(port)]
+
+    def _replica_back(self, replica_port: int, primary_port: int) -> bool:
+        """The replica's link to this primary is up and the primary has a write of its own acknowledged
+        by a replica within the web tier's WAIT (REPLICA_WAIT_MS): what a job needs to be accepted."""
+        info = ask(replica_port, lambda c: c.info("replication"), {})
+        if info.get("master_link_status") != "up" or int(info.get("master_port", 0)) != primary_port:
+            return False
+        try:
+            with redis.Redis(port=primary_port, socket_timeout=REPLICA_WAIT_MS / 1000 + 2,
+                             socket_connect_timeout=1) as client:
+                client.set("chaos:replica-probe", 1, ex=60)  # WAIT counts its own connection's writes
+                return client.wait(1, REPLICA_WAIT_MS) >= 1
+        except redis.RedisError:
+            return False
+
+    def missing(self) -> str:
+        """What the deployment lacks for another primary kill, "" when nothing: behind Sentinel, a
+        primary all Sentinels name, its replica in sync and acknowledging, and every Sentinel out of
+        TILT counting that replica as live (not s_down, connected, its link ok: what the failover's
+        leader, whichever it is, needs to pick it); on a cluster, every node a primary or a replica in sync."""
+        if isinstance(self.redis, LocalCluster):
+            unsettled = [node.port for node in self.redis.nodes if not self.redis.settled(node)]
+            return f"nodes {unsettled} neither a primary nor a replica in sync" if unsettled else ""
+        primary = self.redis.primary_port()
+        if primary is None:
+            return "the Sentinels do not agree on a primary"
+        replica = next(node for node in (self.redis.primary, self.redis.replica) if node.port != primary)
+        if not self._replica_back(replica.port, primary):
+            return f"replica :{replica.port} not in sync with :{primary} or not acknowledging its writes"
+        views = []
+        for port in self.redis.sentinel_ports:
+            tilt = ask(port, lambda c: c.info("sentinel"), {}).get("sentinel_tilt")
+            entry = next((r for r in ask(port, lambda c: c.sentinel_slaves(self.redis.service), [])
+                          if int(r.get("port", 0)) == replica.port), None)
+            counted = entry is not None and entry.get("master-link-status") == "ok" and not any(
+                entry.get(flag) for flag in ("is_sdown", "is_odown", "is_disconnected"))
+            if tilt != 0 or not counted:
+                seen = f"{entry.get('flags')}, link {entry.get('master-link-status')}" if entry else "not listed"
+                views.append(f"Sentinel :{port} ({'TILT' if tilt else 'no answer' if tilt is None else 'acting'}) "
+                             f"sees :{replica.port} as {seen}")
+        return "; ".join(views)
+
+    def _injectable(self, event: Event, due_s: float) -> bool:
+        """Whether `event`, due since due_s (monotonic), goes now: any but a primary kill at once; a
+        primary kill REDIS_GAP_S after the last one, once the deployment is whole, or once it has
+        waited WHOLE_BOUND_S for that (then it fails, naming what was missing)."""
+        if event.kind != "redis-kill":
+            return True
+        now = time.monotonic()
+        if now < max(due_s, self.last_redis_kill + REDIS_GAP_S):
+            return False
+        whole = not self.missing()
+        event.waited_s = now - self.deferred.setdefault(id(event), now)
+        return whole or event.waited_s > WHOLE_BOUND_S
 
     def _chaos(self, began: float) -> None:
-        for event in self.events:
-            if self.stopping.wait(max(0.0, began + event.planned_s - time.monotonic())):
-                return
+        """The plan's events one at a time, each at its moment or, if it cannot go yet (a primary
+        kill: _injectable), as soon after as it can, the events due meanwhile going first."""
+        pending = list(self.events)
+        while pending and not self.stopping.is_set():
+            now = time.monotonic()
+            due = [e for e in pending if began + e.planned_s <= now]
+            if not due:
+                self.stopping.wait(began + pending[0].planned_s - now)
+                continue
+            event = next((e for e in due if self._injectable(e, began + e.planned_s)), None)
+            if event is None:
+                self.stopping.wait(POLL_S)
+                continue
+            pending = [e for e in pending if e is not event]
             self.inject(event)
+        for event in pending:  # the traffic ended first
+            missing = self.missing() if event.kind == "redis-kill" else ""
+            event.error = "not injected before the traffic's end" + (f": {missing}" if missing else "")
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -655,6 +803,9 @@ class Soak:
             chaos.join(timeout=120)
             if chaos.is_alive():
                 notes.append("an event was still under way 120 s after the traffic's end")
+            for event in self.events:
+                if not event.started and not event.error:
+                    event.error = "not injected before the traffic's end"
             ended = traffic.finish(timeout_s=240)
             if not ended:
                 notes.append("a client was still waiting 240 s after the traffic's end")
@@ -694,14 +845,16 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
     add("|---|---|---|---|---|")
     for kind in KINDS:
         events = [e for e in result.events if e.kind == kind and e.started]
+        failed = sum(bool(e.error) or not e.started for e in result.events if e.kind == kind)
         seconds = sorted(e.seconds for e in events if e.seconds)
-        figures = (f"{seconds[0]:.1f} / {seconds[len(seconds) // 2]:.1f} / {seconds[-1]:.1f}" if seconds else "-")
         what = {"worker-kill": "SIGKILL, a new worker started", "worker-pause":
                 f"SIGSTOP past the {HEARTBEAT_TTL_S:g} s heartbeat TTL (seconds paused), SIGCONT",
                 "web-kill": "gunicorn master + process SIGKILLed, started again (seconds to healthy)",
                 "nginx-restart": "new nginx beside the old, which quits gracefully (seconds)",
-                "redis-kill": "primary SIGKILLed (seconds to the promotion), rejoined as replica"}[kind]
-        add(f"| {kind} | {len(events)} of {by_kind[kind]} | {sum(bool(e.error) for e in events)} | {figures} "
+                "redis-kill": "primary SIGKILLed (seconds to the promotion), rejoined as replica; from the kill "
+                              "until a replica was in sync and acknowledging: "
+                              + _spread(sorted(e.back_s for e in events if e.back_s)) + " s"}[kind]
+        add(f"| {kind} | {sum(not e.error for e in events)} of {by_kind[kind]} | {failed} | {_spread(seconds)} "
             f"| {what} |")
     add("\n## Requests by outcome\n")
     outcomes = result.outcomes
@@ -720,6 +873,14 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
     if errors:
         add("\nError answers by status and code: " + ", ".join(
             f"{status} `{code or '-'}` {n}" for (status, code), n in sorted(errors.items())) + ".")
+    unreplicated = [r for r in result.requests if r.status == 503 and ("not_replicated" in r.error
+                                                                        or "replica(s)" in r.error)]
+    if unreplicated:
+        kills = sorted(e.started for e in result.events if e.kind == "redis-kill" and e.started)
+        after = sorted(r.ended - max((k for k in kills if k <= r.started), default=float("nan"))
+                       for r in unreplicated)
+        add(f"\n503 `not_replicated` (the job not on a replica within the web's `WAIT`): {len(unreplicated)}, "
+            f"answered {_spread(after)} s (min / median / max) after the primary kill before them.")
     jobs = result.jobs
     states = collections.Counter(j.state for j in result.acknowledged_jobs)
     add(f"\nBulk jobs: {len(jobs)} submitted, submit statuses "
@@ -772,9 +933,15 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
     add("| at (s) | event | seconds | what | error |")
     add("|---|---|---|---|---|")
     start = min((r.started for r in result.requests), default=0.0)
-    for e in result.events:
-        add(f"| {e.started - start:.1f} | {e.kind} | {e.seconds:.1f} | {e.detail} | {e.error} |")
+    for e in sorted(result.events, key=lambda e: e.started or float("inf")):  # a deferred kill goes later
+        at = f"{e.started - start:.1f}" if e.started else f"- (planned {e.planned_s:.1f})"
+        add(f"| {at} | {e.kind} | {e.seconds:.1f} | {e.detail} | {e.error} |")
     return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float]) -> str:
+    """min / median / max of sorted values, "-" for none."""
+    return f"{values[0]:.1f} / {values[len(values) // 2]:.1f} / {values[-1]:.1f}" if values else "-"
 
 
 def header(result: Result, command: str, elapsed_s: float, clients: int, bulk_clients: int, workers: int) -> str:
@@ -800,11 +967,13 @@ def header(result: Result, command: str, elapsed_s: float, clients: int, bulk_cl
 
 def soak(store: str | Path, duration_s: float, seed: int, cluster: bool = False, clients: int = 6,
          bulk_clients: int = 1, workers_per_model: int = 2, log_dir: Path | None = None,
-         refs: References | None = None, kinds: tuple[str, ...] = KINDS) -> Result:
+         refs: References | None = None, kinds: tuple[str, ...] = KINDS,
+         counts: dict[str, int] | None = None) -> Result:
     """One soak; the logs and the ledger go to log_dir (a temporary folder, removed, if None)."""
     folder = log_dir or Path(tempfile.mkdtemp(prefix="funnel-chaos-"))
     refs = refs or References(store)
-    runner = Soak(store, folder, duration_s, seed, cluster, clients, bulk_clients, workers_per_model, kinds=kinds)
+    runner = Soak(store, folder, duration_s, seed, cluster, clients, bulk_clients, workers_per_model, kinds=kinds,
+                  counts=counts)
     try:
         result = runner.run(refs)
         dump(result, folder)
@@ -835,13 +1004,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--bulk-clients", type=int, default=1)
     parser.add_argument("--workers-per-model", type=int, default=2)
+    parser.add_argument("--redis-kills", type=int, metavar="N",
+                        help=f"plan N primary kills, {REDIS_GAP_S:g} s apart or more (default: one per "
+                             f"{PERIODS_S['redis-kill']} s of traffic), e.g. 4 in a 150 s run")
     parser.add_argument("--store", default="model_store")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs and the ledger")
     args = parser.parse_args(argv)
+    counts = {"redis-kill": args.redis_kills} if args.redis_kills else None
+    try:
+        plan(args.duration, args.seed, counts=counts)
+    except ValueError as exc:
+        parser.error(str(exc))
     began = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="funnel-chaos-"))
     result = soak(args.store, args.duration, args.seed, args.cluster, args.clients, args.bulk_clients,
-                  args.workers_per_model, log_dir=logs)
+                  args.workers_per_model, log_dir=logs, counts=counts)
     command = "python -m benchmarks.chaos " + " ".join(argv if argv is not None else sys.argv[1:])
     elapsed = time.monotonic() - began
     text = header(result, command.strip(), elapsed, args.clients, args.bulk_clients, args.workers_per_model)
