@@ -87,14 +87,20 @@ def coffee_jpeg() -> bytes:
     return jpeg_bytes(data.coffee())
 
 
+# The order the suite runs its folders in: the container images build on a thread from collection on
+# (tests/deploy/test_containers.py, Build) beside the light tests first, whose pass or failure does not
+# hang on timing; the container tests then wait for the build, and the fault and integration tests,
+# which time failovers and load, run after it with the cores to themselves.
+ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/test_containers.py", "tests/deploy/")
+
 
 def pytest_collection_modifyitems(session, config, items):
-    """The container tests run last, their images built from now on beside the other tests
-    (tests/deploy/test_containers.py, Build): the build waits mostly on the network and the disk."""
-    containers = [item for item in items if item.nodeid.startswith("tests/deploy/test_containers.py")]
-    if (not containers or len(containers) == len(items) or config.option.collectonly
-            or os.environ.get("FUNNEL_TEST_CONTAINERS") == "0"):
-        return
-    items[:] = [item for item in items if item not in containers] + containers
-    from tests.deploy.test_containers import BUILD
-    BUILD.start()
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(ORDER) if item.nodeid.startswith(prefix)), len(ORDER))
+
+    items.sort(key=rank)  # stable: each folder keeps its own order
+    containers = [item for item in items if item.nodeid.startswith(ORDER[2])]
+    if (containers and len(containers) < len(items) and not config.option.collectonly
+            and os.environ.get("FUNNEL_TEST_CONTAINERS") != "0"):
+        from tests.deploy.test_containers import BUILD
+        BUILD.start()

@@ -216,9 +216,9 @@ def timings_record(name: str, seconds: float) -> None:
 
 class Build:
     """The base images, then the web and worker images, built on a thread of their own from the start of
-    the session (tests/conftest.py starts it once the suite is collected, and runs this module last), so
-    that the build's waits on the network and the disk overlap the other tests. The stack fixture waits
-    for it; what stopped it (a skip included) is raised there."""
+    the session (tests/conftest.py starts it once the suite is collected, and runs the light tests
+    first), so that the build overlaps them. The stack fixture waits for it; what stopped it (a skip
+    included) is raised there."""
 
     def __init__(self):
         self._thread: threading.Thread | None = None

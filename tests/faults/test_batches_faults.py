@@ -18,7 +18,7 @@ from tests.support import FAST_HEARTBEAT, TEXT, freeze_holding_jobs, wait_for
 
 
 def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(model_store, tmp_path, expected_embeddings):
-    texts = [f"batch crash line {i}: {'lorem ipsum ' * (i % 6)}dolor {i}" for i in range(1200)]
+    texts = [f"batch crash line {i}: {'lorem ipsum ' * (i % 6)}dolor {i}" for i in range(600)]
     lines = "\n".join(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/embeddings",
                                   "body": {"model": TEXT, "input": text}}) for i, text in enumerate(texts))
     with Stack(model_store=model_store, models=[TEXT], workers=[], log_dir=tmp_path,

@@ -62,7 +62,7 @@ def restart_web(stack) -> None:
 
 def test_worker_killed_and_web_restarted_mid_job_every_item_done_once(model_store, tmp_path,
                                                                       expected_embeddings):
-    texts = corpus(1200, "crash")
+    texts = corpus(600, "crash")
     with Stack(model_store=model_store, models=[TEXT], workers=[], log_dir=tmp_path,
                worker_env={**FAST_HEARTBEAT, "FUNNEL_BATCH_SIZE": "8"}) as stack:
         victim = stack.start_worker(TEXT, FUNNEL_WORKER_ID="victim")
