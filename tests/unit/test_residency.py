@@ -217,12 +217,16 @@ class Lagging(redis.Redis):
     """A real Redis client whose every round trip starts up to 2 ms late, as on a host whose threads wait
     for the interpreter's lock or the CPU: a beat's reading and its write drift apart."""
 
+    @staticmethod
+    def _lag() -> None:
+        time.sleep(random.random() * 0.002)  # the latency itself, not a wait on a condition
+
     def execute_command(self, *args, **options):
-        time.sleep(random.random() * 0.002)
+        self._lag()
         return super().execute_command(*args, **options)
 
     def pipeline(self, transaction=True, shard_hint=None):
-        time.sleep(random.random() * 0.002)
+        self._lag()
         return super().pipeline(transaction, shard_hint)
 
 
