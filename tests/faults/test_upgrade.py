@@ -2,25 +2,32 @@
 upgrade, under load, with nothing lost, dead-lettered or answered twice (docs/deployment.md,
 "Upgrading").
 
-The release before is PREVIOUS, a commit of this repository, checked out beside the code (its
-packages on the PYTHONPATH of the processes that run it, ahead of the installed ones). Each
-scenario starts one tier of each release, sends /v1 requests of one and of several texts from
-clients that never stop, and a bulk job, then completes the upgrade as an orchestrator would: a
-worker of the new release starts beside the old one, which then gets SIGTERM; or a web tier of the
-new release starts on another port, the clients move to it, and the old one gets SIGTERM. The
-processes keep the job ledger (benchmarks/ledger.py): every job Redis acknowledged is answered
-once, and every answer is right.
+"The release before" is the newest release whose version is lower than pyproject.toml's `version`
+(`release_before`): the commit of the newest git tag `vX.Y.Z` below that version; where the clone
+holds no such tag, the last commit whose pyproject.toml had the highest version below it (the
+parent of the commit that moved the version on), which is where that release's tag is made. Its
+packages are checked out beside the code, on the PYTHONPATH of the processes that run it, ahead of
+the installed ones. Each scenario starts one tier of each release, sends /v1 requests of one and of
+several texts from clients that never stop, and a bulk job, then completes the upgrade as an
+orchestrator would: a worker of the new release starts beside the old one, which then gets SIGTERM;
+or a web tier of the new release starts on another port, the clients move to it, and the old one
+gets SIGTERM. The processes keep the job ledger (benchmarks/ledger.py): every job Redis
+acknowledged is answered once, and every answer is right.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
+import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import redis
+from packaging.version import InvalidVersion, Version
 
 from benchmarks import ledger
 from funnel.common.contracts import registry
@@ -30,29 +37,87 @@ from funnel.scripts.stack import Stack
 from tests.support import TEXT, http, texts, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-PREVIOUS = "fad619d8184d6846091a2819a82c9a38b6d61d98"  # the release before this one: moved on at each release
+RELEASE_TAG = re.compile(r"v(\d+\.\d+\.\d+)")  # how a release is tagged: v0.2.0
 PACKAGES = ("common", "web", "worker", "scripts")  # funnel.<name>, as pyproject.toml maps them
 CLIENTS = 4
 SENTENCES = texts(24, "upgrade")
 BULK = texts(120, "upgrade bulk")
 
 
+class Release(NamedTuple):
+    version: Version
+    commit: str  # the full hash
+    found_by: str  # "tag v0.2.0", or "history" where no tag was found
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+
+
+def version_of(pyproject: str) -> Version | None:
+    """The `version` of a pyproject.toml's text; None where it has none, or none that parses."""
+    try:
+        return Version(tomllib.loads(pyproject)["project"]["version"])
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, InvalidVersion):
+        return None
+
+
+def tagged_releases(root: Path) -> dict[Version, str]:
+    """Each tag vX.Y.Z's version and the commit it names (annotated tags peeled)."""
+    refs = git(root, "for-each-ref", "--format=%(refname:strip=2) %(objectname) %(*objectname)", "refs/tags/")
+    releases = {}
+    for line in refs.splitlines():
+        name, target, *peeled = line.split()
+        if RELEASE_TAG.fullmatch(name):
+            releases[Version(name[1:])] = peeled[0] if peeled else target
+    return releases
+
+
+def release_in_history(root: Path, below: Version) -> Release | None:
+    """The release before `below` as the history of pyproject.toml defines it: of the versions its
+    commits had (first parents), the highest below `below`; that release is the last commit with
+    it, the parent of the commit that changed the version, or HEAD when none has yet."""
+    commits = git(root, "log", "--first-parent", "--format=%H", "--", "pyproject.toml").split()  # newest first
+    versions = [version_of(git(root, "show", f"{sha}:pyproject.toml")) for sha in commits]
+    older = [v for v in versions if v is not None and v < below]
+    if not older:
+        return None
+    wanted = max(older)
+    newest = versions.index(wanted)  # the newest commit that had it; the one before it in the list moved on
+    last = f"{commits[newest - 1]}^" if newest else "HEAD"
+    return Release(wanted, git(root, "rev-parse", "--verify", f"{last}^{{commit}}").strip(), "history")
+
+
+def release_before(root: Path = ROOT) -> Release | None:
+    """The release before the version in `root`'s pyproject.toml: the newest tag vX.Y.Z below it,
+    else (a clone without tags) the release as the history of pyproject.toml defines it."""
+    current = version_of((root / "pyproject.toml").read_text())
+    if current is None:
+        raise ValueError(f"{root / 'pyproject.toml'} has no version")
+    tagged = {version: commit for version, commit in tagged_releases(root).items() if version < current}
+    if tagged:
+        newest = max(tagged)
+        return Release(newest, tagged[newest], f"tag v{newest}")
+    return release_in_history(root, current)
+
+
 def shallow() -> bool:
-    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
-                           capture_output=True, text=True)
-    return found.stdout.strip() == "true"
+    return git(ROOT, "rev-parse", "--is-shallow-repository").strip() == "true"
 
 
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory) -> str:
-    """A PYTHONPATH entry that imports funnel.* from PREVIOUS."""
+    """A PYTHONPATH entry that imports funnel.* from the release before this one."""
     if shallow():
-        pytest.skip(f"a shallow clone holds no {PREVIOUS[:7]}: git fetch --unshallow")
-    folder = tmp_path_factory.mktemp("previous-release")
+        pytest.skip("a shallow clone may hold no release before this one: git fetch --unshallow --tags")
+    before = release_before()
+    if before is None:
+        pytest.skip("no release before this version")
+    folder = tmp_path_factory.mktemp(f"release-{before.version}")
     tree, path = folder / "tree", folder / "path" / "funnel"
     tree.mkdir()
     path.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS, *PACKAGES], capture_output=True,
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", before.commit, *PACKAGES], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     for package in PACKAGES:
