@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-T = TypeVar("T", bound="DataclassInstance")
+Settings = TypeVar("Settings", bound="DataclassInstance")
 ENV_PREFIX = "FUNNEL_"
 
 
@@ -75,8 +75,8 @@ def _parser_for(kind: Any):
     return kind
 
 
-def load(cls: type[T], argv: list[str] | None = None,
-         environ: Mapping[str, str] | None = None, prog: str | None = None) -> T:
+def load(cls: type[Settings], argv: list[str] | None = None,
+         environ: Mapping[str, str] | None = None, prog: str | None = None) -> Settings:
     """Build `cls` from defaults, then FUNNEL_* variables, then flags."""
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)

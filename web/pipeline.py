@@ -7,7 +7,7 @@
     2 parse      the adapter (protocols/) reads the request's items
     3 prepare    each item preprocessed, or checked when the client sent the model's own tensors;
                  what preprocess learned of it (its context) checked to travel beside it (a cached
-                 model's repeated items as this process prepared them lately: recalled.py)
+                 model's repeated items as this process prepared them lately: recently_prepared.py)
     4 admit      503 at once with no live worker (a cached model's known items are still answered,
                  step 5); the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
@@ -36,14 +36,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import redis
 from werkzeug.wrappers import Request
 
-from funnel.common.bulk import job_submit, jobs
+from funnel.common.bulk import job_submit
+from funnel.common.bulk import jobs as bulk_jobs
 from funnel.common.bulk.job_store import JobStore
 from funnel.common.contracts import priority
 from funnel.common.contracts.keys import Keys
@@ -54,20 +55,23 @@ from funnel.common.errors import (
     NotFound,
     NotReplicated,
     NoWorker,
+    Timeout,
     Unavailable,
     queue_unavailable,
 )
 from funnel.common.link import lua_scripts
 from funnel.common.observability import tracing
-from funnel.common.tasks import Context as ItemContext
-from funnel.common.tasks import Inputs, Task
+from funnel.common.result_cache import CachePolicy
+from funnel.common.tasks import Context, Inputs, Task
 from funnel.common.tasks.base import split
-from funnel.web import auth, metrics, recalled
+from funnel.web import auth, metrics, recently_prepared
 from funnel.web.catalog import Catalog
-from funnel.web.queueing import push_script, recall
+from funnel.web.queueing import cache_plan, push_script
 from funnel.web.queueing.admission import Admission
 from funnel.web.queueing.inbox import Inbox, Waiter
+from funnel.web.queueing.limits import Limit
 from funnel.web.queueing.outbox import Outbox
+from funnel.web.queueing.push_script import CacheLookup
 from funnel.web.queueing.shedding import (
     Calibration,
     Capacity,
@@ -79,36 +83,38 @@ from funnel.web.queueing.versions import Versions
 from funnel.web.settings import WebSettings
 
 Rendered = tuple[int, bytes, list[tuple[str, str]]]  # status, body, extra headers
-Answer = TypeVar("Answer")
-Context = TypeVar("Context")
+Rendering = TypeVar("Rendering")  # what a protocol renders a request's answer into
+Kept = TypeVar("Kept")  # what an adapter keeps from parsing to render the answer
+Waited = TypeVar("Waited")  # what a request's wait makes of its jobs' replies
+JobParts = tuple[list[list[Inputs]], list[list[Context | None] | None]]  # each job's items, and their contexts
 
-log = logging.getLogger("funnel.web.jobs")
+log = logging.getLogger("funnel.web.pipeline")
 
 
 @dataclass
-class Work(Generic[Context]):
+class Work(Generic[Kept]):
     """What an adapter parsed from a request: the items to run, how to run them, and what the
-    adapter needs again to render the answer (its own Context)."""
+    adapter needs again to render the answer (`kept`: its own type)."""
 
     items: list[Any]
-    context: Context
+    kept: Kept
     ready: bool = False  # the items are the model's own tensors, checked rather than preprocessed
     raw: bool = False  # the replies carry the model's output rows, not the task's results
     lane: str = ""  # the lane the protocol's own parameter asks for ("": the transport's, X-Priority)
 
 
 @dataclass(frozen=True)
-class Served:
+class Answered:
     """What became of a request's items, for its adapter to render."""
 
     replies: list[Reply]  # one per item, in item order
     prepared: list[Inputs]  # the items' tensors as they were queued (an adapter counts their tokens)
     lane: str  # the priority lane that served it: the one asked for, or lower (admission)
-    cache: list[str] = field(default_factory=list)  # each item's hit, miss or coalesced (queueing/recall.py)
+    cache: list[str] = field(default_factory=list)  # each item's hit, miss or coalesced (queueing/cache_plan.py)
 
 
 @dataclass(frozen=True)
-class Prepared:
+class OpenAIBatchItems:
     """A job whose items come prepared (an OpenAI batch's, routes/batches.py): only checked, run on
     the model version they were prepared for, and described in the job's record (`fields`)."""
 
@@ -142,6 +148,25 @@ class Origin:
                    priority=priority.parse(asked_priority))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Inference:
+    """A request's items on their way to one model version: what steps 4 to 6 (`Pipeline.run`) take."""
+
+    model: str
+    version: int
+    items: list[Inputs]  # prepared (step 3)
+    deadline: int  # epoch ms: 504 past it, and no worker runs its jobs after it
+    contexts: list[Context | None] | None = None  # each item's, aligned with items (None: no item has one)
+    raw: bool = False  # the replies carry the model's output rows, not the task's results
+    origin: Origin = Origin()
+    lane: str = priority.NORMAL  # as admitted (queueing/admission.py)
+    trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE  # marks the steps from enqueue on
+    cache: CachePolicy = CachePolicy()  # the model's result cache (off unless its model.json asks)
+
+    def left_s(self) -> float:
+        return (self.deadline - now_ms()) / 1000
+
+
 class Parser(Protocol):
     """What the pipeline asks of a protocol before it queues: the request's items (the gRPC
     service's adapter reads a protobuf message, the others a werkzeug Request)."""
@@ -154,7 +179,7 @@ class Parser(Protocol):
 class Adapter(Parser, Protocol):
     """A protocol's two ends of a predict-like HTTP route (protocols/v1.py, v2.py, openai.py)."""
 
-    def render(self, task: Task, work: Work, served: Served) -> tuple[bytes, list[tuple[str, str]]]:
+    def render(self, task: Task, work: Work, answered: Answered) -> tuple[bytes, list[tuple[str, str]]]:
         """A 200's body and headers, from what became of the items."""
         ...
 
@@ -175,10 +200,10 @@ class Pipeline:
         self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
         self.job_sizes = JobSizes()
-        self.jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
+        self.bulk_jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
         self.admission = Admission(self.workers, settings)
-        self.recalled = recalled.Recalled()
+        self.recently_prepared = recently_prepared.RecentlyPrepared()
         self.spans = tracing.Spans("funnel-web")
         # Sent without waiting for their answers (the request is over): marks for jobs whose client
         # left, and the tokens of finished requests of keys with a cap.
@@ -192,10 +217,10 @@ class Pipeline:
         try:
             cap_s = self.settings.request_timeout_s
 
-            def render(task: Task, work: Work, served: Served) -> tuple[bytes, list[tuple[str, str]]]:
-                body, headers = adapter.render(task, work, served)
-                cached = [("X-Cache", recall.x_cache(served.cache))] if served.cache else []
-                return body, [*headers, ("X-Priority", served.lane), *cached]  # the lane served, which may be lower
+            def render(task: Task, work: Work, answered: Answered) -> tuple[bytes, list[tuple[str, str]]]:
+                body, headers = adapter.render(task, work, answered)
+                cached = [("X-Cache", cache_plan.x_cache(answered.cache))] if answered.cache else []
+                return body, [*headers, ("X-Priority", answered.lane), *cached]  # the lane served: it may be lower
 
             body, headers = await self.infer(adapter, request, name, version,
                                              lambda: request_timeout(request.headers, cap_s), origin, render)
@@ -205,7 +230,7 @@ class Pipeline:
 
     async def infer(self, parser: Parser, request: Any, name: str, version: str | None,
                     timeout_s: Callable[[], float], origin: Origin,
-                    render: Callable[[Task, Work, Served], Answer]) -> Answer:
+                    render: Callable[[Task, Work, Answered], Rendering]) -> Rendering:
         """Steps 1 to 7, whatever protocol parses and renders (the HTTP adapters, the gRPC service),
         in one span when tracing is on. timeout_s is asked once the request is read, so that a bad
         model or body is told before a bad deadline."""
@@ -219,14 +244,16 @@ class Pipeline:
             trace.step("admit", items=len(prepared))
             lane = self.admission.lane(work.lane or origin.priority, origin.label, bool(origin.owner), name,
                                        task.spec.version)
-            replies, cache = await self.run(name, task.spec.version, prepared, timeout_s(), work.raw, origin, lane,
-                                            trace, recall.Ask(task.cache), contexts)
+            replies, cache = await self.run(Inference(
+                model=name, version=task.spec.version, items=prepared, contexts=contexts,
+                deadline=now_ms() + int(timeout_s() * 1000), raw=work.raw, origin=origin, lane=lane, trace=trace,
+                cache=task.cache))
             trace.step("render")
-            return render(task, work, Served(replies, prepared, lane, cache))
+            return render(task, work, Answered(replies, prepared, lane, cache))
 
     def submit_job(self, name: str, items: list[Any], idempotency_key: str | None, webhook: str | None,
-                   body: bytes, caller: jobs.Caller, origin: Origin = Origin(),
-                   prepared: Prepared | None = None) -> tuple[jobs.Record, bool]:
+                   body: bytes, caller: bulk_jobs.Caller, origin: Origin = Origin(),
+                   prepared: OpenAIBatchItems | None = None) -> tuple[bulk_jobs.Record, bool]:
         """A bulk (or async) job of these items, owned by the caller (the request's API key, or
         anyone where none are set): its record, and whether an earlier submit by the same caller
         with this Idempotency-Key made it (`body`, the raw request, is what a retry must repeat).
@@ -250,31 +277,32 @@ class Pipeline:
             job_submit.check(idempotency_key, webhook, self.job_limits)
             body_sha = job_submit.fingerprint(body, webhook)
             if idempotency_key is not None:  # before any preprocessing: a retry costs a lookup only
-                existing = self.jobs.replay(name, idempotency_key, body_sha, caller)
+                existing = self.bulk_jobs.replay(name, idempotency_key, body_sha, caller)
                 if existing is not None:
                     trace.annotate(job_id=existing.id, replayed=True)
                     return existing, True
             created = now_ms()
-            job_id = jobs.new_job_id(created)
+            job_id = bulk_jobs.new_job_id(created)
             trace.step("prepare", job_id=job_id)
             # Encoded item by item: only the wire bytes of every item are held, not their tensors too.
             scope = task.cache.scope(caller.owner) if task.cache.on else None
             items_ready = self.prepare(task, items, prepared is not None, caller.owner)
-            payloads = self.jobs.item_payloads(job_id, name, created, items_ready, version, trace.traceparent, scope)
-            payloads.known = self.jobs.known(job_id, name, version, payloads.idents) if payloads.idents else {}
+            payloads = self.bulk_jobs.item_payloads(job_id, name, created, items_ready, version, trace.traceparent,
+                                                    scope)
+            payloads.known = self.bulk_jobs.known(job_id, name, version, payloads.idents) if payloads.idents else {}
             trace.step("admit", known=len(payloads.known))
-            self.jobs.check_room(name, len(payloads.payloads) - len(payloads.known), self.settings.max_bulk_queue,
+            self.bulk_jobs.check_room(name, len(payloads.payloads) - len(payloads.known), self.settings.max_bulk_queue,
                                  version)
             trace.step("store")
             fields: dict[str, str | bytes] = {"webhook_url": webhook or "", **(prepared.fields if prepared else {})}
-            record, replayed = self.jobs.create(job_id, name, created, payloads, body_sha, fields,
+            record, replayed = self.bulk_jobs.create(job_id, name, created, payloads, body_sha, fields,
                                                 idempotency_key, version, caller=caller)
             if replayed:  # a concurrent submit with the same key made the job first: its items, not these
                 trace.annotate(job_id=record.id, replayed=True)
             else:
                 metrics.job_submitted(name, caller.label)
                 if payloads.idents:
-                    metrics.cached(name, version, [recall.HIT if index in payloads.known else recall.MISS
+                    metrics.cached(name, version, [cache_plan.HIT if index in payloads.known else cache_plan.MISS
                                                    for index in range(len(payloads.idents))])
                 log.info("job %s: %d items of %s version %d for %s", record.id, record.total, name, version,
                          caller.label or "anyone")
@@ -298,11 +326,11 @@ class Pipeline:
         return task
 
     def prepare(self, task: Task, items: list[Any], ready: bool = False,
-                owner: str = "") -> Iterator[tuple[Inputs, ItemContext | None]]:
+                owner: str = "") -> Iterator[tuple[Inputs, Context | None]]:
         """Each item's tensors and context in turn, as the worker takes them; a bad item fails the
         request, named by its index (a context the wire cannot carry is the task's fault: a 500).
         A cached model's items this process prepared lately for the same scope (the caller's API
-        key's owner) are not prepared again (web/recalled.py)."""
+        key's owner) are not prepared again (web/recently_prepared.py)."""
         scope = task.cache.scope(owner) if task.cache.on and not ready else None
         for i, item in enumerate(items):
             try:
@@ -310,8 +338,10 @@ class Pipeline:
                     task.check(item)
                     yield item, None
                     continue
-                key = (task.spec.name, task.spec.version, scope, item) if scope and recalled.remembered(item) else None
-                known = self.recalled.get(key) if key else None
+                key: recently_prepared.Key | None = None
+                if scope and recently_prepared.kept(item):
+                    key = (task.spec.name, task.spec.version, scope, item)
+                known = self.recently_prepared.get(key) if key else None
                 if known is not None:
                     yield known
                     continue
@@ -322,7 +352,7 @@ class Pipeline:
                     except WireError as exc:
                         raise FunnelError(f"{task.spec.task}: {exc}", code="bad_context", status=500) from None
                 if key:
-                    self.recalled.put(key, inputs, context)
+                    self.recently_prepared.put(key, inputs, context)
                 yield inputs, context
             except FunnelError as exc:
                 if len(items) > 1:
@@ -332,74 +362,107 @@ class Pipeline:
 
     # -- 4 admit, 5 enqueue, 6 await -----------------------------------------------------------
 
-    async def run(self, model: str, version: int, inputs: list[Inputs], timeout_s: float,  # noqa: PLR0913 (a request's parts)
-                  raw: bool = False, origin: Origin = Origin(), lane: str = priority.NORMAL,
-                  trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE,
-                  cache: recall.Ask = recall.OFF,
-                  contexts: list[ItemContext | None] | None = None) -> tuple[list[Reply], list[str]]:
-        """The inputs as jobs (one, or one per batch of the model's workers), queued on the model
-        version's queue in the lane, and a reply per input in input order; a failed reply raised.
-        With the model's cache on, one job per distinct item, and each item's cache state
-        (queueing/recall.py), else [].
+    async def run(self, request: Inference) -> tuple[list[Reply], list[str]]:
+        """The request's items as jobs (one, or one per batch of the model's workers), queued on the
+        model version's queue in its lane, and a reply per item in item order; a failed reply raised.
+        A cached model's items go through the cache instead (`_run_cached`), which also gives each
+        item's cache state (hit, miss, coalesced; else [])."""
+        capacity, known_only = self._capacity(request)
+        request = replace(request, contexts=carried(request, capacity))
+        if request.cache.on:
+            return await self._run_cached(request, capacity, known_only)
+        parts = job_parts(request.items, request.contexts, job_size(capacity, len(request.items)))
 
-        429 at once when the caller's key is past its limits; 503 at once when no live
-        worker serves the model (unless held, or every item is known), when its queue is at FUNNEL_MAX_QUEUE, or
-        when the predicted wait is past timeout_s; 504 at the deadline. A client that
-        leaves (the task cancelled, transport/front.py) marks its jobs for no worker to run.
-        The request's trace marks the steps from enqueue on; its jobs carry its trace context, and
-        each item its own context (contexts, aligned with inputs; None: no item has one).
-        """
-        capacity, known_only = self._capacity(model, version, cache)
-        contexts = carried(contexts, raw, capacity, model, version)
-        deadline = now_ms() + int(timeout_s * 1000)
-        plan = recall.Plan.of(cache.policy, origin.owner, inputs, raw, contexts) if cache.policy.on else None
-        parts, part_contexts = job_parts(inputs, contexts, job_size(capacity, len(inputs)), plan)
-        ids = [os.urandom(16).hex() for _ in parts]  # uuid4's randomness, a third of its CPU
+        async def collect(answer: list, waiter: Waiter, ids: list[str]) -> list[Reply]:
+            return await self.inbox.collect(waiter, ids, request.deadline)
+
+        limit = self.admission.limit(request.origin.label, bool(request.origin.owner))
+        replies = await self._send(request, capacity, parts, new_ids(len(parts[0])), limit=limit, wait=collect)
+        metrics.replied(request.model, replies)
+        return each_item(parts[0], replies, len(request.items)), []
+
+    async def _run_cached(self, request: Inference, capacity: Capacity, known_only: bool
+                          ) -> tuple[list[Reply], list[str]]:
+        """A cached model's items (queueing/cache_plan.py): one job per distinct item, which the push
+        script answers from the cache, lends from another request's job under way, or queues. An item
+        whose borrowed job went unanswered, or whose entry would not decode, is asked again in a later
+        round, charged nothing more (the request was admitted once), until the deadline."""
+        plan = cache_plan.Plan.of(request.cache, request.origin.owner, request.items, request.raw, request.contexts)
+        replies: list[Reply | None] = [None] * len(plan.items)
+        kinds = [cache_plan.MISS] * len(plan.items)
+        first = cache_plan.Round(list(range(len(plan.items))), read=True)
+        rounds, limit = [first], self.admission.limit(request.origin.label, bool(request.origin.owner))
+
+        async def settle(answer: list, waiter: Waiter, ids: list[str]) -> cache_plan.Settled:
+            return await cache_plan.settle(self.inbox, request.model, answer[3], waiter, ids, request.deadline)
+
+        self.inbox.lending = True
+        while rounds:
+            asked = rounds.pop(0)
+            if asked is not first:  # admitted once: asking again charges the key nothing more
+                if request.left_s() <= 0:
+                    raise Timeout("no reply before the deadline")
+                capacity, known_only = self._capacity(request, asked.read)
+                limit = None
+            ids = new_ids(len(asked.distinct))
+            lookup = plan.lookup(asked, ids, self.inbox.key(request.model), known_only)
+            settled = await self._send(request, capacity, plan.parts(asked), ids, limit=limit, wait=settle,
+                                       lookup=lookup)
+            for k, reply, kind in zip(asked.distinct, settled.replies, settled.kinds, strict=True):
+                replies[k], kinds[k] = reply, kind
+            rounds += settled.again(asked)
+        states = cache_plan.each_state(plan, kinds)
+        metrics.cached(request.model, request.version, states)
+        answered = [cache_plan.answered(replies[k]) for k in plan.of_item]
+        metrics.replied(request.model, [reply for reply, state in zip(answered, states) if state == cache_plan.MISS])
+        return each_item([[item] for item in request.items], answered, len(request.items)), states
+
+    async def _send(self, request: Inference, capacity: Capacity, parts: JobParts, ids: list[str], *,
+                    limit: Limit | None, wait: Callable[[list, Waiter, list[str]], Awaitable[Waited]],
+                    lookup: CacheLookup | None = None) -> Waited:
+        """The parts as jobs named `ids`, pushed in one script call, and what `wait` makes of the push
+        script's answer and their replies. limit: the caller's key's, None once admitted.
+
+        429 at once when the caller's key is past its limits; 503 at once when no live worker serves
+        the model (unless held, or every item is known), when its queue is at FUNNEL_MAX_QUEUE, or
+        when the predicted wait is past the deadline; 504 at the deadline. A client that leaves (the
+        task cancelled, transport/front.py) marks the jobs for no worker to run, but a cached
+        model's, which other requests may wait on."""
+        model, version, trace = request.model, request.version, request.trace
+        timeout_s, items = request.left_s(), sum(map(len, parts[0]))
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
-        jobs = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
-                               deadline=deadline, raw=raw, version=version, trace=trace.traceparent,
-                               request_id=origin.request_id, priority="" if lane == priority.NORMAL else lane,
-                               cache=plan.idents[k] if plan else "", contexts=part_contexts[k]))
-                for k, (job_id, part) in enumerate(zip(ids, parts))]
+        messages = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
+                                   deadline=request.deadline, raw=request.raw, version=version, trace=trace.traceparent,
+                                   request_id=request.origin.request_id,
+                                   priority="" if request.lane == priority.NORMAL else request.lane,
+                                   cache=lookup.idents[k] if lookup else "", contexts=parts[1][k]))
+                    for k, (job_id, part) in enumerate(zip(ids, parts[0], strict=True))]
         calibration = self.calibration.factor(model)
-        limit = None if cache.again else self.admission.limit(origin.label, bool(origin.owner))
-        owner = origin.owner if limit else push_script.UNLIMITED
+        owner = request.origin.owner if limit else push_script.UNLIMITED
         estimate = capacity.script_args(calibration) if self.settings.shed and capacity.known else None
-        push = push_script.PushCall(model=model, version=version, lane=lane, jobs=jobs,
-                                    items=len(parts) if plan else len(inputs),
+        push = push_script.PushCall(model=model, version=version, lane=request.lane, jobs=messages, items=items,
                                     per_job=self.job_sizes.of(model), max_queue=self.settings.max_queue,
                                     estimate=estimate, inflight=capacity.workers if estimate else (),
                                     budget_s=timeout_s, owner=owner, limit=limit, now_ms=now_ms(), token=ids[0],
-                                    deadline_ms=deadline,
-                                    cache=plan.lookup(ids, self.inbox.key(model), cache.read, known_only)
-                                    if plan else None)
-        if plan:
-            self.inbox.lending = True
-        self.job_sizes.observe(model, len(inputs), len(jobs))
+                                    deadline_ms=request.deadline, cache=lookup)
+        self.job_sizes.observe(model, items, len(messages))
         ahead, pushed_ms = -1, 0
         try:
-            trace.step("enqueue", priority=lane)
+            trace.step("enqueue", priority=request.lane)
             answer = await self.outbox.push(push.keys(self.keys), push.args())  # from here on its jobs may be in Redis
-            ahead = self.admission.verdict(model, version, answer, capacity, calibration, timeout_s, len(inputs))
+            ahead = self.admission.verdict(model, version, answer, capacity, calibration, timeout_s, items)
             pushed_ms = now_ms()
             trace.step("wait")
+            known_only = lookup is not None and lookup.known_only
             if not capacity.workers and not self.settings.hold_without_workers and not known_only:
-                await self._await_a_worker(waiter, model, version, deadline)
-            if plan:
-                async def again(items: list[Inputs], item_contexts: list[ItemContext | None] | None, read: bool,
-                                left_s: float) -> tuple[list[Reply], list[str]]:
-                    return await self.run(model, version, items, left_s, raw, origin, lane, trace,
-                                          recall.Ask(cache.policy, read, again=True), item_contexts)
-
-                replies, states = await recall.settle(self.inbox, model, plan, answer[3], waiter, ids, deadline, again)
-            else:
-                replies, states = await self.inbox.collect(waiter, ids, deadline), []
+                await self._await_a_worker(waiter, model, version, request.deadline)
+            return await wait(answer, waiter, ids)
         except (NotReplicated, NoWorker, redis.RedisError, asyncio.CancelledError) as exc:
             # Queued, or maybe (a push whose answer was lost is never sent again: common/link/line.py),
-            # and nobody will read the answers: marked, so that no worker runs them (a cached item's
-            # job runs: others may wait on it).
-            if not plan:
-                self._unawaited_push(self.leaving, *push_script.leave_call(self.keys, model, now_ms(), deadline, ids))
+            # and nobody will read the answers: marked, so that no worker runs them.
+            if lookup is None:
+                self._unawaited_push(self.leaving, *push_script.leave_call(self.keys, model, now_ms(),
+                                                                           request.deadline, ids))
             if isinstance(exc, NotReplicated):
                 pushed_ms = now_ms()  # its key's token was taken with the push: released below
             if isinstance(exc, redis.RedisError):
@@ -410,22 +473,16 @@ class Pipeline:
             if pushed_ms and limit is not None and limit.concurrency:  # its token leaves the key's requests
                 self._unawaited_push(self.releasing, *push_script.release_call(self.keys, model, owner, ids[0]))
             if ahead >= 0:  # answered or timed out: either way, how late against the prediction
-                self.calibration.observe(model, capacity.wait_s(ahead, len(inputs)), (now_ms() - pushed_ms) / 1000)
-        if plan:
-            metrics.cached(model, version, states)
-            metrics.replied(model, [reply for reply, state in zip(replies, states) if state == recall.MISS])
-            return each_item([[item] for item in inputs], replies, len(inputs)), states
-        metrics.replied(model, replies)
-        return each_item(parts, replies, len(inputs)), states
+                self.calibration.observe(model, capacity.wait_s(ahead, items), (now_ms() - pushed_ms) / 1000)
 
-    def _capacity(self, model: str, version: int, cache: recall.Ask) -> tuple[Capacity, bool]:
+    def _capacity(self, request: Inference, read: bool = True) -> tuple[Capacity, bool]:
         """The version's live workers (admission), and whether the request may be answered from the
         cache alone: with none, a cached model's request is answered if every item is known, else 503
-        (push.lua, which then queues nothing)."""
+        (push.lua, which then queues nothing); a round that must compute its items again, 503."""
         try:
-            return self.admission.capacity(model, version), False
+            return self.admission.capacity(request.model, request.version), False
         except NoWorker:
-            if not (cache.policy.on and cache.read):
+            if not (request.cache.on and read):
                 raise
             return Capacity(()), True
 
@@ -456,32 +513,31 @@ class Pipeline:
             log.warning("could not mark a finished request in redis: %s", sent.exception())
 
 
-def carried(contexts: list[ItemContext | None] | None, raw: bool, capacity: Capacity, model: str,
-            version: int) -> list[ItemContext | None] | None:
+def carried(request: Inference, capacity: Capacity) -> list[Context | None] | None:
     """The items' contexts as their jobs carry them: none for raw rows (no postprocess reads them);
     503 while a live worker of the version is of a release that would drop them."""
-    if contexts is None or raw:
+    if request.contexts is None or request.raw:
         return None
     if capacity.workers and capacity.job_format < CONTEXT_FORMAT:
-        raise Unavailable(f"a worker of {model} version {version} is of a release that drops item contexts; "
-                          "upgrade it", code="no_worker")
-    return contexts
+        raise Unavailable(f"a worker of {request.model} version {request.version} is of a release that drops item "
+                          "contexts; upgrade it", code="no_worker")
+    return request.contexts
 
 
-def job_parts(inputs: list[Inputs], contexts: list[ItemContext | None] | None, size: int,
-              plan: recall.Plan | None) -> tuple[list[list[Inputs]], list[list[ItemContext | None] | None]]:
-    """Each job's items and their contexts: one job a distinct item of a cached model (plan), else
-    `size` items a job."""
-    if plan:
-        each = plan.contexts or [None] * len(plan.items)
-        return [[item] for item in plan.items], [None if c is None else [c] for c in each]
+def job_parts(inputs: list[Inputs], contexts: list[Context | None] | None, size: int) -> JobParts:
+    """Each job's items and their contexts, `size` items a job."""
     starts = range(0, len(inputs), size)
     return ([inputs[start:start + size] for start in starts],
             [None if contexts is None else contexts[start:start + size] for start in starts])
 
 
-def arrays_and_contexts(prepared: Iterator[tuple[Inputs, ItemContext | None]]
-                        ) -> tuple[list[Inputs], list[ItemContext | None] | None]:
+def new_ids(n: int) -> list[str]:
+    """Job ids: uuid4's randomness, at a third of its CPU."""
+    return [os.urandom(16).hex() for _ in range(n)]
+
+
+def arrays_and_contexts(prepared: Iterator[tuple[Inputs, Context | None]]
+                        ) -> tuple[list[Inputs], list[Context | None] | None]:
     """Prepared items as their arrays, and their contexts (None when no item has one: its jobs are as before)."""
     pairs = list(prepared)
     contexts = [context for _, context in pairs]

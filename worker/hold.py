@@ -1,4 +1,4 @@
-"""A seam for the fault suite: hold the worker inside one stage of its pipeline, so a test can kill it there.
+"""A seam for the fault suite: hold the worker inside one stage of its loop, so a test can kill it there.
 
 FUNNEL_TEST_HOLD=<stage>:<n>:<file> (stage: take, collate, run, reply or
 stored) makes the worker, when its n-th batch reaches the end of that stage

@@ -38,12 +38,12 @@ from funnel.worker.heartbeat import Heartbeat
 from funnel.worker.hold import Hold
 from funnel.worker.linger import Linger
 from funnel.worker.multiplex import Multiplex, Served
-from funnel.worker.pipeline import Slot, Stage
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import Replier
 from funnel.worker.residency import Limits, Loaded, Model, Residency, files_mb
 from funnel.worker.settings import WorkerSettings, model_and_version
+from funnel.worker.stages import Slot, Stage
 from funnel.worker.stats import Stats
 from funnel.worker.steps import BLOCK_S, Steps, retrying
 from funnel.worker.webhook import Deliverer

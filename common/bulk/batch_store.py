@@ -42,7 +42,7 @@ LINES_FIELD = "batch_lines"  # the job record's field of a batch's lines (Descri
 
 
 @dataclass(frozen=True)
-class Line:
+class RequestLine:
     """A request line that became items of the job: items start to start + count."""
 
     number: int      # its line in the input file, from 1
@@ -82,7 +82,7 @@ class Description:
     metadata: dict[str, str] | None = None
     cancelled_ms: int = 0
     counts: list[int] = field(default_factory=list)  # [completed, failed] once known for good
-    lines: list[Line] = field(default_factory=list)          # loaded only when asked for
+    lines: list[RequestLine] = field(default_factory=list)          # loaded only when asked for
     rejected: list[Rejected] = field(default_factory=list)
 
     @property
@@ -103,7 +103,7 @@ class Description:
         made = cls(**msgpack.unpackb(head, raw=False))
         if lines is not None:
             good, refused = msgpack.unpackb(lines, raw=False)
-            made.lines, made.rejected = [Line(*row) for row in good], [Rejected(*row) for row in refused]
+            made.lines, made.rejected = [RequestLine(*row) for row in good], [Rejected(*row) for row in refused]
         return made
 
 

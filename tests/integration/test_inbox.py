@@ -122,7 +122,7 @@ def test_redis_going_away_fails_the_waiting_requests():
 
 
 def test_every_borrower_that_learns_its_job_late_gets_its_reply(redis_client, inbox):
-    """Requests of this process borrowing one job (web/queueing/recall.py), whose push scripts ran before
+    """Requests of this process borrowing one job (web/queueing/cache_plan.py), whose push scripts ran before
     its reply came but who ask for it after: each gets it, not only the first to ask."""
 
     async def late_borrowers():

@@ -64,7 +64,7 @@ def make(store, task, texts, key=None, body=None, webhook=None, limits=LIMITS, m
     settings = WebSettings(max_bulk_queue=limits.max_bulk_queue, webhook_secret=limits.webhook_secret,
                            webhook_allow_hosts=limits.webhook_allow_hosts, job_ttl_s=store.ttl_s)
     pipeline = Pipeline(SERVED[0], store.client, store.keys, settings)
-    pipeline.jobs = store
+    pipeline.bulk_jobs = store
     return pipeline.submit_job(model, texts, key, webhook, raw, caller)
 
 

@@ -33,7 +33,7 @@ from funnel.common.errors import NotReplicated, Timeout
 from funnel.common.link.connection import connect
 from funnel.scripts.redis_local import LocalCluster, LocalRedis, ask, wait_until
 from funnel.web.catalog import Catalog
-from funnel.web.pipeline import Origin, Pipeline
+from funnel.web.pipeline import Inference, Origin, Pipeline
 from funnel.web.queueing.outbox import Outbox
 from funnel.web.settings import WebSettings
 
@@ -96,7 +96,8 @@ def test_a_push_is_acknowledged_only_once_the_replica_holds_its_job(sentinels):
 
         async def push_while_the_replica_lags() -> float:
             with stopped(replica):
-                pushing = asyncio.ensure_future(pipeline.run(MODEL, 1, INPUTS, 10))
+                pushing = asyncio.ensure_future(pipeline.run(Inference(model=MODEL, version=1, items=INPUTS,
+                                                                        deadline=now_ms() + 10_000)))
                 await asyncio.to_thread(wait_until, lambda: waiting(primary), 5, "the push's WAIT")
                 resumed = time.monotonic()
                 resume(replica)
@@ -129,7 +130,8 @@ def test_a_push_no_replica_holds_is_refused_and_undone_while_the_loop_serves_on(
             ticking = asyncio.ensure_future(ticker())
             started = time.monotonic()
             with pytest.raises(NotReplicated) as caught:
-                await asyncio.wait_for(pipeline.run(MODEL, 1, INPUTS, 10, origin=origin), 10)
+                await asyncio.wait_for(pipeline.run(Inference(
+                    model=MODEL, version=1, items=INPUTS, deadline=now_ms() + 10_000, origin=origin)), 10)
             took = time.monotonic() - started
             ticking.cancel()
             [job_id] = queued_ids(sentinels.primary, KEYS.queue(MODEL))  # pushed to the primary all the same

@@ -1,4 +1,4 @@
-"""The result cache (common/result_cache.py, web/queueing/recall.py) against a real redis-server, a
+"""The result cache (common/result_cache.py, web/queueing/cache_plan.py) against a real redis-server, a
 web tier and text workers: a hit answered with no worker, a request of known and new items, 64
 concurrent requests for one new text computed once, a corrupt entry, a new version, and tenants."""
 

@@ -13,7 +13,7 @@ from funnel.common.contracts.wire import CONTEXT_FORMAT, Job, decode_job, encode
 from funnel.common.errors import FunnelError, Unavailable
 from funnel.common.store import ModelSpec
 from funnel.common.tasks import Task, WithContext
-from funnel.web.pipeline import Pipeline, arrays_and_contexts, carried
+from funnel.web.pipeline import Inference, Pipeline, arrays_and_contexts, carried
 from funnel.web.queueing.shedding import Capacity
 from funnel.worker import batch as batching
 
@@ -114,10 +114,14 @@ def test_contexts_are_refused_while_a_worker_that_would_drop_them_serves():
     instead of a silently wrong answer; raw rows (no postprocess) and items without contexts still go."""
     contexts = [{"scale": 2.0}, None]
     old = Capacity(("old-worker",), job_format=CONTEXT_FORMAT - 1)
+
+    def request(contexts: list | None, raw: bool = False) -> Inference:
+        return Inference(model="m", version=1, items=[{}, {}], deadline=0, contexts=contexts, raw=raw)
+
     with pytest.raises(Unavailable, match="drops item contexts") as refused:
-        carried(contexts, False, old, "m", 1)
+        carried(request(contexts), old)
     assert refused.value.status == 503 and refused.value.code == "no_worker"
-    assert carried(contexts, True, old, "m", 1) is None  # raw rows read no context
-    assert carried(None, False, old, "m", 1) is None
-    assert carried(contexts, False, Capacity(("new-worker",)), "m", 1) == contexts
-    assert carried(contexts, False, Capacity(()), "m", 1) == contexts  # held for a worker to come
+    assert carried(request(contexts, raw=True), old) is None  # raw rows read no context
+    assert carried(request(None), old) is None
+    assert carried(request(contexts), Capacity(("new-worker",))) == contexts
+    assert carried(request(contexts), Capacity(())) == contexts  # held for a worker to come

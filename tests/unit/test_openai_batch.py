@@ -13,8 +13,8 @@ from funnel.common.bulk.batch_store import (
     ERRORS,
     OUTPUT,
     Description,
-    Line,
     Rejected,
+    RequestLine,
     job_of_batch,
     parse_file_id,
     result_file_id,
@@ -53,13 +53,13 @@ def test_a_custom_id_is_used_once():
     assert caught.value.custom_id == "a"
 
 
-def description(lines: list[Line], rejected: list[Rejected] = ()) -> Description:
+def description(lines: list[RequestLine], rejected: list[Rejected] = ()) -> Description:
     return Description("file-x", "/v1/embeddings", "24h", "m", len(lines), len(rejected), {"k": "v"},
                        lines=lines, rejected=list(rejected))
 
 
 def test_a_description_round_trips_through_msgpack_its_head_apart():
-    made = description([Line(1, "a", 0, 2, 9, True)], [Rejected(2, None, "invalid_json_line", "no", None, 0)])
+    made = description([RequestLine(1, "a", 0, 2, 9, True)], [Rejected(2, None, "invalid_json_line", "no", None, 0)])
     made.cancelled_ms, made.counts = 5, [1, 1]
     assert Description.decode(made.encode(), made.encode_lines()) == made and made.total == 2
     head = Description.decode(made.encode())
@@ -89,7 +89,8 @@ def record(total: int, done: int, failed: int = 0, cancelled: bool = False) -> j
 
 
 def test_output_and_error_lines_by_custom_id_in_line_order():
-    lines = [Line(1, "one", 0, 1, 3, False), Line(3, "two", 1, 2, 6, True), Line(4, "bad", 3, 1, 2, False)]
+    lines = [RequestLine(1, "one", 0, 1, 3, False), RequestLine(3, "two", 1, 2, 6, True),
+             RequestLine(4, "bad", 3, 1, 2, False)]
     made = description(lines, [Rejected(2, "refused", "invalid_value", "empty", "input", 400)])
     pages = [[payload(0), payload(1)], [payload(2), payload(3, ok=False)]]
     done = record(4, 4, failed=1)
@@ -104,7 +105,7 @@ def test_output_and_error_lines_by_custom_id_in_line_order():
 
 
 def test_a_cancel_leaves_unanswered_lines_in_the_error_file():
-    made = description([Line(1, "a", 0, 1, 1, False), Line(2, "b", 1, 1, 1, False)])
+    made = description([RequestLine(1, "a", 0, 1, 1, False), RequestLine(2, "b", 1, 1, 1, False)])
     pages = [[payload(0), None]]
     stopped = record(2, 1, cancelled=True)
     errors = [json.loads(x) for x in openai_batch.result_lines(stopped, made, ERRORS, pages)]
@@ -115,7 +116,7 @@ def test_a_cancel_leaves_unanswered_lines_in_the_error_file():
 
 
 def test_the_batch_object_follows_its_job():
-    made = description([Line(1, "a", 0, 1, 1, False)])
+    made = description([RequestLine(1, "a", 0, 1, 1, False)])
     running = openai_batch.batch_object(record(1, 0), made, (0, 0), 86_400)
     assert running["status"] == "in_progress" and running["output_file_id"] is None
     done = openai_batch.batch_object(record(1, 1), made, (1, 0), 86_400)

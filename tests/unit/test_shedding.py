@@ -12,11 +12,11 @@ import pytest
 import redis
 
 from funnel.common.contracts import registry
-from funnel.common.contracts.wire import JOB_FORMAT, item_count
+from funnel.common.contracts.wire import JOB_FORMAT, item_count, now_ms
 from funnel.common.errors import BadInput, NoWorker, Overloaded, Timeout, Unavailable
 from funnel.common.link import lua_scripts
 from funnel.web.catalog import Catalog
-from funnel.web.pipeline import Pipeline
+from funnel.web.pipeline import Inference, Pipeline
 from funnel.web.queueing import push_script, shedding
 from funnel.web.queueing.shedding import WorkerView, capacity, request_timeout, retry_after_s
 from funnel.web.settings import WebSettings
@@ -180,8 +180,13 @@ def pipeline(client, keys, **settings):
         opened.inbox.close()
 
 
+def request(items: list, timeout_s: float) -> Inference:
+    """Prepared items for MODEL version 1, due in timeout_s."""
+    return Inference(model=MODEL, version=1, items=items, deadline=now_ms() + int(timeout_s * 1000))
+
+
 def submit(pipe: Pipeline, timeout_s: float):
-    return asyncio.run(pipe.run(MODEL, 1, pixels(), timeout_s))
+    return asyncio.run(pipe.run(request(pixels(), timeout_s)))
 
 
 def test_no_live_worker_is_503_at_once_unless_held(redis_client, keys):
@@ -286,12 +291,12 @@ def queued_jobs(client, keys) -> list[int]:
 
 def test_a_request_is_one_job_or_one_per_batch_of_its_workers(redis_client, keys):
     with pipeline(redis_client, keys, hold_without_workers=True, shed=False) as held, pytest.raises(Timeout):
-        asyncio.run(held.run(MODEL, 1, pixels(40), 0.2))  # no worker: one job, whatever its size
+        asyncio.run(held.run(request(pixels(40), 0.2)))  # no worker: one job, whatever its size
     assert queued_jobs(redis_client, keys) == [40]
     redis_client.delete(keys.queue(MODEL))
     publish(redis_client, keys, "w1", item_s=None)  # a batch of 16, not timed yet
     with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Exception) as timed_out:
-        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+        asyncio.run(gateway.run(request(pixels(40), 0.2)))
     assert timed_out.value.status == 504 and queued_jobs(redis_client, keys) == [16, 16, 8]
 
 
@@ -302,11 +307,11 @@ def test_while_a_worker_that_reads_one_item_a_job_serves_every_job_holds_one(red
     older = {k: v for k, v in worker("old", item_s=None).items() if k != "wire"}
     registry.publish(redis_client, keys, "old", older, ttl_s=30)
     with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Timeout):
-        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+        asyncio.run(gateway.run(request(pixels(40), 0.2)))
     assert queued_jobs(redis_client, keys) == [1] * 40
     redis_client.delete(keys.queue(MODEL), keys.worker(MODEL, "old"))
     with pipeline(redis_client, keys, shed=False) as gateway, pytest.raises(Timeout):
-        asyncio.run(gateway.run(MODEL, 1, pixels(40), 0.2))
+        asyncio.run(gateway.run(request(pixels(40), 0.2)))
     assert queued_jobs(redis_client, keys) == [16, 16, 8]
 
 
@@ -316,12 +321,12 @@ def test_jobs_ahead_count_as_this_process_s_mean_items_a_job(redis_client, keys)
         cap = gateway.workers.capacity(MODEL)
         redis_client.lpush(keys.queue(MODEL), *[b"x"] * 20)  # 20 jobs: 20 items, or 320 of 16 each
         with pytest.raises(Exception) as timed_out:
-            asyncio.run(gateway.run(MODEL, 1, pixels(16), 1.5))
+            asyncio.run(gateway.run(request(pixels(16), 1.5)))
         assert timed_out.value.status == 504  # let in: 36 items ahead and its own, about 0.4 s
         for _ in range(100):
             gateway.job_sizes.observe(MODEL, 16, 1)
         assert gateway.job_sizes.of(MODEL) == pytest.approx(16, rel=0.01)
         with pytest.raises(Overloaded) as caught:
-            asyncio.run(gateway.run(MODEL, 1, pixels(16), 1.5))
+            asyncio.run(gateway.run(request(pixels(16), 1.5)))
         ahead = math.ceil(21 * gateway.job_sizes.of(MODEL))  # the 20 and the request let in before
         assert f"{cap.wait_s(ahead, 16, gateway.calibration.factor(MODEL)):.1f} s" in caught.value.message

@@ -18,7 +18,7 @@ import pytest
 from funnel.common.contracts.wire import Reply
 from funnel.common.errors import InferenceFailed
 from funnel.web import errors
-from funnel.web.pipeline import Served, Work
+from funnel.web.pipeline import Answered, Work
 from funnel.web.protocols.tensors import stack_rows
 from funnel.web.protocols.v2 import V2, Wanted, outputs_of
 
@@ -86,8 +86,8 @@ def test_rows_of_different_ranks_are_a_500_that_says_why():
 def test_a_whole_answer_with_a_padded_output_reads_back():
     task = SimpleNamespace(spec=SimpleNamespace(name="toy", version=1), class_labels=lambda: None)
     work = Work([], Wanted([("out", True, 0)], "r1"))
-    served = Served(replies([1, 2, 3], [4]), [], "normal")  # type: ignore[arg-type]
-    body, headers = V2(8).render(task, work, served)  # type: ignore[arg-type]
+    answered = Answered(replies([1, 2, 3], [4]), [], "normal")  # type: ignore[arg-type]
+    body, headers = V2(8).render(task, work, answered)  # type: ignore[arg-type]
     size = int(dict(headers)["Inference-Header-Content-Length"])
     head = orjson.loads(body[:size])
     assert head["outputs"][0]["parameters"]["row_shapes"] == [[3], [1]]

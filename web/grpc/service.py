@@ -32,9 +32,9 @@ from funnel.web import errors, readiness
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
-from funnel.web.pipeline import Origin, Pipeline, Served, Work
+from funnel.web.pipeline import Answered, Origin, Pipeline, Work
 from funnel.web.protocols import v2
-from funnel.web.queueing.recall import x_cache
+from funnel.web.queueing.cache_plan import x_cache
 
 log = logging.getLogger("funnel.web.grpc")
 
@@ -164,11 +164,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        def render(task: Task, work: Work[v2.Wanted], served: Served) -> pb.ModelInferResponse:
-            outputs, chunks = v2.outputs_of(task, work.context.outputs, served.replies)
+        def render(task: Task, work: Work[v2.Wanted], answered: Answered) -> pb.ModelInferResponse:
+            outputs, chunks = v2.outputs_of(task, work.kept.outputs, answered.replies)
             response = infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
-            if served.cache:  # whether the result cache answered it, as /v2's parameters say
-                response.parameters["cache"].string_param = x_cache(served.cache).lower()
+            if answered.cache:  # whether the result cache answered it, as /v2's parameters say
+                response.parameters["cache"].string_param = x_cache(answered.cache).lower()
             return response
 
         async def answer(origin: Origin):

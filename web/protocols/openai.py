@@ -31,7 +31,7 @@ from funnel.common.errors import BadInput, FunnelError, NotFound, UnsupportedMed
 from funnel.common.tasks import Task
 from funnel.web import errors
 from funnel.web.jsonio import OPTIONS
-from funnel.web.pipeline import Rendered, Served, Work
+from funnel.web.pipeline import Answered, Rendered, Work
 
 log = logging.getLogger("funnel.web")
 
@@ -88,7 +88,7 @@ class OpenAIEmbeddings:
         dim = task.output_shapes()["embedding"][0]
         if dimensions is not None and dimensions != dim:
             raise BadParam("dimensions", f"{task.spec.name} gives {dim} dimensions only; leave 'dimensions' out")
-        return Work(self._texts(body.get("input")), encoding)  # the context: how to write the vectors
+        return Work(self._texts(body.get("input")), encoding)  # kept: how to write the vectors
 
     def _texts(self, given: Any) -> list[str]:
         texts = [given] if isinstance(given, str) else given
@@ -112,9 +112,9 @@ class OpenAIEmbeddings:
             raise BadInput("the body must be a JSON object", code="bad_json")
         return body
 
-    def render(self, task: Task, work: Work[str], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
-        body = answer(task.spec.name, [(reply.outputs or {})["embedding"] for reply in served.replies],
-                      work.context == "base64", tokens_of(served.prepared))
+    def render(self, task: Task, work: Work[str], answered: Answered) -> tuple[bytes, list[tuple[str, str]]]:
+        body = answer(task.spec.name, [(reply.outputs or {})["embedding"] for reply in answered.replies],
+                      work.kept == "base64", tokens_of(answered.prepared))
         return orjson.dumps(body, option=OPTIONS), []
 
     def render_error(self, error: Exception, request: Request) -> Rendered:

@@ -30,8 +30,8 @@ from funnel.common.bulk.batch_store import (
     OUTPUT,
     Description,
     File,
-    Line,
     Rejected,
+    RequestLine,
     batch_id,
     result_file_id,
 )
@@ -58,7 +58,7 @@ class Read:
 
     task: Task | None
     items: list[Inputs]
-    lines: list[Line]
+    lines: list[RequestLine]
     rejected: list[Rejected]
 
 
@@ -96,8 +96,8 @@ def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve:
             raise BadParam("input_file_id", f"the file's requests hold more than {max_items} inputs by line "
                            f"{number}; a batch takes {max_items} at most", code="too_many_items")
         read.task = task
-        read.lines.append(Line(number, custom_id, len(read.items), len(items), tokens_of(items),
-                               work.context == "base64"))
+        read.lines.append(RequestLine(number, custom_id, len(read.items), len(items), tokens_of(items),
+                               work.kept == "base64"))
         read.items += items
     return read
 
@@ -133,7 +133,7 @@ def request_of(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, dict]:
 
 @dataclass(frozen=True)
 class Outcome:
-    line: Line
+    line: RequestLine
     replies: list[Reply] | None  # every item's, when each was answered
     error: dict | None           # the first failed item's error
     unanswered: bool

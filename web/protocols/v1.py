@@ -24,7 +24,7 @@ from funnel.common.observability import logs
 from funnel.common.tasks import Task
 from funnel.web import errors
 from funnel.web.jsonio import OPTIONS
-from funnel.web.pipeline import Rendered, Served, Work
+from funnel.web.pipeline import Answered, Rendered, Work
 from funnel.web.protocols.inputs import read_items
 
 log = logging.getLogger("funnel.web")
@@ -47,21 +47,21 @@ class V1:
         items, single = read_items(task, request, self.max_items)
         return Work(items, Form(single))
 
-    def render(self, task: Task, work: Work[Form], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
-        name, replies = task.spec.name, served.replies
+    def render(self, task: Task, work: Work[Form], answered: Answered) -> tuple[bytes, list[tuple[str, str]]]:
+        name, replies = task.spec.name, answered.replies
         results = [reply.outputs or {} for reply in replies]  # numpy arrays are written by orjson
         request_id = logs.REQUEST_ID.get()
         by_job: dict[tuple[str, str], dict] = {}  # the items of one job share its reply's figures: one meta a job
         meta = []
-        for r, cache in zip(replies, served.cache or [""] * len(replies), strict=True):
+        for r, cache in zip(replies, answered.cache or [""] * len(replies), strict=True):
             shared = by_job.get((r.id, cache))
             if shared is None:
                 shared = by_job[r.id, cache] = {
                     "worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
                     "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
-                    "priority": served.lane, **({"cache": cache} if cache else {})}
+                    "priority": answered.lane, **({"cache": cache} if cache else {})}
             meta.append(shared)
-        if work.context.single:
+        if work.kept.single:
             body = {"model": name, **results[0], "meta": meta[0]}
         else:
             body = {"model": name, "results": results, "meta": meta}

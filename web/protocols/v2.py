@@ -32,7 +32,7 @@ from funnel.common.contracts.wire import Reply
 from funnel.common.errors import BadInput
 from funnel.common.tasks import Task, Upload
 from funnel.web import errors
-from funnel.web.pipeline import Rendered, Served, Work
+from funnel.web.pipeline import Answered, Rendered, Work
 from funnel.web.protocols.inputs import content_type
 from funnel.web.protocols.tensors import (
     NAMES_OF,
@@ -43,7 +43,7 @@ from funnel.web.protocols.tensors import (
     split_body,
     stack_rows,
 )
-from funnel.web.queueing.recall import x_cache
+from funnel.web.queueing.cache_plan import x_cache
 
 log = logging.getLogger("funnel.web")
 
@@ -204,13 +204,13 @@ class V2:
             work.lane = priority.parse(parameters["priority"])
         return work
 
-    def render(self, task: Task, work: Work[Wanted], served: Served) -> tuple[bytes, list[tuple[str, str]]]:
-        outputs, chunks = outputs_of(task, work.context.outputs, served.replies)
+    def render(self, task: Task, work: Work[Wanted], answered: Answered) -> tuple[bytes, list[tuple[str, str]]]:
+        outputs, chunks = outputs_of(task, work.kept.outputs, answered.replies)
         head: dict[str, Any] = {"model_name": task.spec.name, "model_version": str(task.spec.version)}
-        if work.context.id is not None:
-            head["id"] = work.context.id
-        if served.cache:  # whether the result cache answered it, as X-Cache says (queueing/recall.py)
-            head["parameters"] = {"cache": x_cache(served.cache).lower()}
+        if work.kept.id is not None:
+            head["id"] = work.kept.id
+        if answered.cache:  # whether the result cache answered it, as X-Cache says (queueing/cache_plan.py)
+            head["parameters"] = {"cache": x_cache(answered.cache).lower()}
         body, headers = response_body(head, outputs, chunks)
         return body, list(headers.items())
 

@@ -15,7 +15,7 @@ slots. One listener per list keeps each round trip at today's two commands on
 a single Redis too (one BRPOP over several lists would need an RPOP for each).
 
 A request may also borrow another's job: its cached item computed for an earlier request
-(web/queueing/recall.py), whose reply the worker sends to every list waiting on the item. Any
+(web/queueing/cache_plan.py), whose reply the worker sends to every list waiting on the item. Any
 number of requests may borrow one job, and its reply may come before the borrower has learnt the
 job's id: a reply nobody waits for is kept a while (RECENT), and a borrower looks there first.
 """
@@ -100,7 +100,8 @@ class Inbox:
         self._name = ""  # "web-<hex>", this process's part of its reply lists' names
 
     def key(self, model: str) -> str:
-        """The reply list this process's jobs of `model` name (after expect)."""
+        """The reply list this process's jobs of `model` name, listened to from its first use."""
+        self._ensure_listening(model)
         return self._inboxes[model]
 
     def expect(self, model: str, job_ids: list[str]) -> Waiter:

@@ -65,7 +65,7 @@ def _fixed_keys(keys: Keys, model: str, version: int, owner: str, inflight: tupl
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """push.lua's part for a request's cached items, one job each (web/queueing/recall.py)."""
+    """push.lua's part for a request's cached items, one job each (web/queueing/cache_plan.py)."""
 
     idents: list[str]  # each job's item's cache ident
     job_ids: list[str]  # each job's id, which its item's pending marker names

@@ -39,7 +39,7 @@ from funnel.common.contracts.wire import now_ms
 from funnel.common.errors import BadInput, NotFound
 from funnel.common.observability import logs
 from funnel.web import auth, errors
-from funnel.web.pipeline import Origin, Pipeline, Prepared
+from funnel.web.pipeline import OpenAIBatchItems, Origin, Pipeline
 from funnel.web.protocols import openai_batch
 from funnel.web.protocols.openai import BadParam, OpenAIEmbeddings
 from funnel.web.routes.jobs import int_arg
@@ -49,7 +49,7 @@ MAX_LIST = 100
 
 
 def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
-    routes = Routes(pipeline, settings)
+    routes = BatchRoutes(pipeline, settings)
     blueprint = Blueprint("batches", __name__)
     for rule, name, view, method in (
             ("/v1/files", "upload", routes.upload, "POST"), ("/v1/files", "files", routes.files, "GET"),
@@ -76,9 +76,9 @@ def listing(data: list[dict], more: bool) -> Response:
                  "last_id": data[-1]["id"] if data else None, "has_more": more})
 
 
-class Routes:
+class BatchRoutes:
     def __init__(self, pipeline: Pipeline, settings: WebSettings):
-        self.pipeline, self.jobs, self.settings = pipeline, pipeline.jobs, settings
+        self.pipeline, self.jobs, self.settings = pipeline, pipeline.bulk_jobs, settings
         self.store = BatchStore(pipeline.client, pipeline.keys, settings.job_ttl_s)
         self.embeddings = OpenAIEmbeddings(settings.max_items)
 
@@ -177,7 +177,7 @@ class Routes:
                         tracestate=request.headers.get("tracestate", ""))
         record, replayed = self.pipeline.submit_job(
             read.task.spec.name, read.items, request.headers.get("Idempotency-Key"), None, request.get_data(),
-            caller, origin, Prepared(read.task.spec.version, {jobs.BATCH_FIELD: description.encode(),
+            caller, origin, OpenAIBatchItems(read.task.spec.version, {jobs.BATCH_FIELD: description.encode(),
                                                              LINES_FIELD: description.encode_lines()}))
         if not replayed:
             self.store.added(record.id, caller)

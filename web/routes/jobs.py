@@ -56,7 +56,7 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
     """The jobs routes, and the predict view that answers `Prefer: respond-async` (endpoint
     predict_async: the front sends it the predicts that ask for a job); every one after the API
     key check."""
-    routes = Routes(pipeline, settings)
+    routes = JobRoutes(pipeline, settings)
     blueprint = Blueprint("jobs", __name__)
     blueprint.add_url_rule("/v1/models/<name>/jobs", "submit", routes.submit, methods=["POST"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "status", routes.status, methods=["GET"])
@@ -66,11 +66,11 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
     app.add_url_rule("/v1/models/<name>/predict", "predict_async", routes.predict_async, methods=["POST"])
 
 
-class Routes:
+class JobRoutes:
     """The views: each parses its request, calls the pipeline or the job store, and renders JSON."""
 
     def __init__(self, pipeline: Pipeline, settings: WebSettings):
-        self.pipeline, self.store, self.settings = pipeline, pipeline.jobs, settings
+        self.pipeline, self.store, self.settings = pipeline, pipeline.bulk_jobs, settings
 
     def submit(self, name: str) -> Response:
         task = self.pipeline.resolve(name)

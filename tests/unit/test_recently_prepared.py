@@ -1,4 +1,4 @@
-"""A cached model's repeated items are not preprocessed again (web/recalled.py): per scope, bounded,
+"""A cached model's repeated items are not preprocessed again (web/recently_prepared.py): per scope, bounded,
 least recently used out, and read-only."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from funnel.common import tasks
 from funnel.common.store import load_spec
 from funnel.web.pipeline import Pipeline
-from funnel.web.recalled import ENTRY_BYTES, Recalled
+from funnel.web.recently_prepared import ENTRY_BYTES, RecentlyPrepared
 from tests.support import TEXT, cached_store
 
 
@@ -29,7 +29,7 @@ class Counting:
 
 @pytest.fixture(scope="module")
 def cached_task(model_store, tmp_path_factory):
-    store = cached_store(model_store, tmp_path_factory.mktemp("recalled"))
+    store = cached_store(model_store, tmp_path_factory.mktemp("recently-prepared"))
     return tasks.load(load_spec(store, TEXT))
 
 
@@ -38,7 +38,7 @@ def prepared(pipeline, task, items, owner=""):
 
 
 def test_a_repeated_text_is_prepared_once_per_scope(cached_task):
-    pipeline, task = SimpleNamespace(recalled=Recalled()), Counting(cached_task)
+    pipeline, task = SimpleNamespace(recently_prepared=RecentlyPrepared()), Counting(cached_task)
     first = prepared(pipeline, task, ["a repeated text", "another"])
     again = prepared(pipeline, task, ["another", "a repeated text"])
     assert task.calls == 2
@@ -51,13 +51,13 @@ def test_a_repeated_text_is_prepared_once_per_scope(cached_task):
 
 def test_models_that_do_not_cache_prepare_every_time(model_store):
     task = Counting(tasks.load(load_spec(model_store, TEXT)))
-    pipeline = SimpleNamespace(recalled=Recalled())
+    pipeline = SimpleNamespace(recently_prepared=RecentlyPrepared())
     prepared(pipeline, task, ["the same", "the same"])
-    assert task.calls == 2 and pipeline.recalled.size == 0
+    assert task.calls == 2 and pipeline.recently_prepared.size == 0
 
 
 def test_bounded_least_recently_used_out():
-    memo = Recalled(max_bytes=3 * (ENTRY_BYTES + 200))
+    memo = RecentlyPrepared(max_bytes=3 * (ENTRY_BYTES + 200))
     arrays = {"x": np.zeros(100, np.uint8)}
     for text in ("a", "b", "c"):
         memo.put(("m", 1, "shared", text), dict(arrays), None)

@@ -23,24 +23,24 @@ MAX_BYTES = 64 << 20  # a web process's prepared items, at most: tensors and the
 ENTRY_BYTES = 256  # what an entry's key, tuple and dict cost beyond their bytes, about
 
 Key = tuple[str, int, str, Any]
-Prepared = tuple[Inputs, "Context | None"]
+Pair = tuple[Inputs, "Context | None"]  # an item as preprocess gave it: its tensors and context
 
 
-def remembered(item: Any) -> bool:
+def kept(item: Any) -> bool:
     """Whether an item is one this keeps: a text, bytes, or an upload (hashable, and sized)."""
     return type(item) in (str, bytes, Upload)
 
 
-class Recalled:
+class RecentlyPrepared:
     """The least recently used prepared items, MAX_BYTES at most."""
 
     def __init__(self, max_bytes: int = MAX_BYTES):
         self.max_bytes = max_bytes
         self.size = 0
-        self._items: OrderedDict[Key, tuple[Prepared, int]] = OrderedDict()
+        self._items: OrderedDict[Key, tuple[Pair, int]] = OrderedDict()
         self._lock = threading.Lock()  # the gRPC service prepares on its threads
 
-    def get(self, key: Key) -> Prepared | None:
+    def get(self, key: Key) -> Pair | None:
         with self._lock:
             found = self._items.get(key)
             if found is None:

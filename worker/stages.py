@@ -1,4 +1,4 @@
-"""The threads of the worker's pipeline and what passes between them.
+"""The threads of the worker's loop (its stages) and what passes between them.
 
 A `Slot` holds one batch handed from one thread to the next; a `Stage` is a
 thread that runs one step of the loop over and over, and keeps the exception
@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-T = TypeVar("T")
+Handed = TypeVar("Handed")
 
 
-class Slot(Generic[T]):
+class Slot(Generic[Handed]):
     """Room for one item: put waits while it is full, get while it is empty.
 
     Closing it ends the stream: get answers None once it is empty, and a put
@@ -25,10 +25,10 @@ class Slot(Generic[T]):
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._item: T | None = None
+        self._item: Handed | None = None
         self._closed = False
 
-    def put(self, item: T) -> bool:
+    def put(self, item: Handed) -> bool:
         with self._changed:
             self._changed.wait_for(lambda: self._item is None or self._closed)
             if self._closed:
@@ -37,7 +37,7 @@ class Slot(Generic[T]):
             self._changed.notify_all()
             return True
 
-    def get(self) -> T | None:
+    def get(self) -> Handed | None:
         with self._changed:
             self._changed.wait_for(lambda: self._item is not None or self._closed)
             item, self._item = self._item, None

@@ -1,6 +1,6 @@
 """A request's items of a cached model (common/result_cache.py): known, borrowed, or computed.
 
-The pipeline (web/pipeline.py, `run`) makes one job of each distinct item, named by the item's
+The pipeline (web/pipeline.py, `_run_cached`) makes one job of each distinct item, named by the item's
 cache ident; the push script (common/link/lua/push.lua) answers, in its one round trip, what
 became of each: known (its entry: the item's reply), under way for another request (that job's id
 and deadline: the worker's reply script sends its reply to this request's list too), or queued,
@@ -8,21 +8,19 @@ marked as under way. Identical items of one request are one job.
 
 A borrowed job is waited for until this request's deadline or that job's, whichever is first (a
 job past its deadline is dropped unrun); an item whose borrowed job went unanswered by then, or
-whose entry would not decode, is asked again (`again`): by then it is known, under way once more, or
-queued by this request. Asking again charges the API key's rate and cap nothing more: the request
-was admitted once. A job whose client leaves is still run: others may be waiting on it, and
-its answer fills the cache.
+whose entry would not decode, is asked again in the pipeline's next round (`Settled.again`): by then
+it is known, under way once more, or queued by this request. Asking again charges the API key's rate
+and cap nothing more: the request was admitted once. A job whose client leaves is still run: others
+may be waiting on it, and its answer fills the cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from funnel.common import result_cache
 from funnel.common.contracts.wire import Reply, now_ms
-from funnel.common.errors import Timeout
 from funnel.common.tasks import Context, Inputs
 from funnel.web.queueing.inbox import Inbox, Waiter
 from funnel.web.queueing.push_script import CacheLookup
@@ -30,22 +28,28 @@ from funnel.web.queueing.push_script import CacheLookup
 HIT, MISS, COALESCED = "hit", "miss", "coalesced"  # an item's answer: known; computed for it; for another
 GRACE_MS = 250  # past a borrowed job's deadline: a worker that took it just in time answers soon after
 
-# Ask again for some of a request's items and their contexts (read: whether to read their
-# entries), with the time it has left: each one's reply and state.
-Again = Callable[[list[Inputs], list[Context | None] | None, bool, float], Awaitable[tuple[list[Reply], list[str]]]]
-
-
 @dataclass(frozen=True)
-class Ask:
-    """How a request asks the cache: its model's policy, whether to read the entries, and whether
-    it asks again (admitted and charged to its API key's limits by its first push: not again)."""
+class Round:
+    """Distinct items of a plan asked in one push (their indices), and whether to read their entries
+    (False: they were found unreadable, and the items are computed again)."""
 
-    policy: result_cache.CachePolicy = result_cache.CachePolicy()
-    read: bool = True  # False: they were found unreadable, and the items are computed again
-    again: bool = False
+    distinct: list[int]
+    read: bool = True
 
 
-OFF = Ask()
+@dataclass
+class Settled:
+    """What became of a round's items, in its order: each one's reply, unless it must be asked again."""
+
+    replies: list[Reply | None]
+    kinds: list[str]  # each one's HIT, MISS or COALESCED
+    unreadable: list[int] = field(default_factory=list)  # known, but its entry would not decode
+    unanswered: list[int] = field(default_factory=list)  # its borrowed job went unanswered in time
+
+    def again(self, asked: Round) -> list[Round]:
+        """The rounds that ask again what this one could not answer."""
+        return [Round([asked.distinct[i] for i in todo], read) for read, todo in
+                ((False, self.unreadable), (True, self.unanswered)) if todo]
 
 
 @dataclass
@@ -74,11 +78,13 @@ class Plan:
             plan.of_item.append(at)
         return plan
 
-    def contexts_of(self, distinct: list[int]) -> list[Context | None] | None:
-        return None if self.contexts is None else [self.contexts[k] for k in distinct]
+    def parts(self, asked: Round) -> tuple[list[list[Inputs]], list[list[Context | None] | None]]:
+        """The round's jobs' items and contexts: one item a job."""
+        contexts = [None if self.contexts is None else self.contexts[k] for k in asked.distinct]
+        return [[self.items[k]] for k in asked.distinct], [None if c is None else [c] for c in contexts]
 
-    def lookup(self, job_ids: list[str], reply_to: str, read: bool = True, known_only: bool = False) -> CacheLookup:
-        return CacheLookup(self.idents, job_ids, reply_to, read, known_only)
+    def lookup(self, asked: Round, job_ids: list[str], reply_to: str, known_only: bool = False) -> CacheLookup:
+        return CacheLookup([self.idents[k] for k in asked.distinct], job_ids, reply_to, asked.read, known_only)
 
 
 def x_cache(states: list[str]) -> str:
@@ -87,43 +93,36 @@ def x_cache(states: list[str]) -> str:
     return "HIT" if hits == len(states) else "MISS" if not hits else "PARTIAL"
 
 
-async def settle(inbox: Inbox, model: str, plan: Plan, states: list[bytes], waiter: Waiter, ids: list[str],
-                 deadline: int, again: Again) -> tuple[list[Reply], list[str]]:
-    """Each of the request's items' reply and state, from the push script's word on each distinct
-    item (states): known, borrowed, or queued under ids[k] (whose replies the waiter awaits)."""
-    replies: list[Reply | None] = [None] * len(plan.items)
-    kinds = [MISS] * len(plan.items)
-    queued, unreadable, borrowed = [], [], {}
+async def settle(inbox: Inbox, model: str, states: list[bytes], waiter: Waiter, ids: list[str],
+                 deadline: int) -> Settled:
+    """A round's items' replies, from the push script's word on each (states): known, borrowed, or
+    queued under ids[k] (whose replies the waiter awaits)."""
+    settled = Settled([None] * len(states), [MISS] * len(states))
+    queued, borrowed = [], {}
     for k, state in enumerate(states):
         mark = state[:1]
         if mark == b"=":
             known = result_cache.entry_reply(state[1:])
             if known is None:
-                unreadable.append(k)
+                settled.unreadable.append(k)
                 continue
-            replies[k], kinds[k] = known, HIT
+            settled.replies[k], settled.kinds[k] = known, HIT
         elif mark == b"~":
             job_id, _, job_deadline = state[1:].decode().partition(" ")
             borrowed[k] = (job_id, int(job_deadline or 0))
-            kinds[k] = COALESCED
+            settled.kinds[k] = COALESCED
         else:
             queued.append(k)
     if queued or borrowed:  # else every item was known: nothing to wait for
         waiter.narrow(len(queued))  # the others' ids, never queued, are forgotten with the request's
         came, got = await _awaited(inbox, model, waiter, [ids[k] for k in queued], deadline, borrowed)
         for k, reply in zip(queued, came, strict=True):
-            replies[k] = reply
+            settled.replies[k] = reply
         for k, (job_id, _) in borrowed.items():
-            replies[k] = got.get(job_id)
-    for read, todo in ((False, unreadable), (True, [k for k in borrowed if replies[k] is None])):
-        if todo:
-            left_s = (deadline - now_ms()) / 1000
-            if left_s <= 0:
-                raise Timeout("no reply before the deadline")
-            answered, answered_as = await again([plan.items[k] for k in todo], plan.contexts_of(todo), read, left_s)
-            for k, reply, kind in zip(todo, answered, answered_as, strict=True):
-                replies[k], kinds[k] = reply, kind
-    return [_answered(replies[k]) for k in plan.of_item], each_state(plan, kinds)
+            settled.replies[k] = got.get(job_id)
+            if settled.replies[k] is None:
+                settled.unanswered.append(k)
+    return settled
 
 
 def each_state(plan: Plan, kinds: list[str]) -> list[str]:
@@ -137,7 +136,7 @@ def each_state(plan: Plan, kinds: list[str]) -> list[str]:
     return out
 
 
-def _answered(reply: Reply | None) -> Reply:
+def answered(reply: Reply | None) -> Reply:
     assert reply is not None  # every item is known, came, or was asked again
     return reply
 
