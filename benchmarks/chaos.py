@@ -444,7 +444,8 @@ class Soak:
         self.webs = [WebTier(self.stack, name, self.log_dir, {}).start() for name in ("web-a", "web-b")]
         for web in self.webs:
             web.wait_ready()
-        self.front = FrontDoor(free_port(), [w.port for w in self.webs], 20.0, DEADLINE_S, reuseport=True).start()
+        self.front = FrontDoor(free_port(), [w.port for w in self.webs], max_body_mb=20.0, timeout_s=DEADLINE_S,
+                               reuseport=True).start()
         self.wait_workers(120)
 
     def wait_workers(self, timeout_s: float) -> None:

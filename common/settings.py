@@ -29,7 +29,7 @@ def setting(default: Any, help: str, **extra: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class SharedSettings:
     """What every Funnel process needs to know: its Redis, its keys, its models, its log level.
 

@@ -24,7 +24,7 @@ from funnel.common.contracts.keys import NAME_PATTERN, check_name, check_version
 META = "model.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     name: str
     task: str

@@ -73,7 +73,7 @@ class FrontDoor:
     beside the old one before the old one quits gracefully: no connection is refused meanwhile.
     """
 
-    def __init__(self, port: int, upstream_port: int | list[int], max_body_mb: float = 20.0,
+    def __init__(self, port: int, upstream_port: int | list[int], *, max_body_mb: float = 20.0,
                  timeout_s: float = 30.0, host: str = "127.0.0.1", reuseport: bool = False):
         binary = nginx_binary()
         if binary is None:

@@ -24,7 +24,7 @@ from funnel.worker.settings import thread_count
 WORKERS_ON_CPU = 2  # worker processes per model on a CPU-only host with at least two cores
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     workers_per_model: int
     threads: int  # each worker's intra-op threads here (0: the library's default, all the cores)
@@ -74,8 +74,8 @@ def choose(cores: int, device: str, workers_per_model: int | None = None) -> Lay
     the user gave it, is kept, and the cores shared among that many."""
     workers = workers_per_model or (WORKERS_ON_CPU if device == "cpu" and cores >= WORKERS_ON_CPU else 1)
     if workers == 1:
-        return Layout(1, 0, True)
-    return Layout(workers, max(1, cores // workers), False)
+        return Layout(workers_per_model=1, threads=0, spinning=True)
+    return Layout(workers_per_model=workers, threads=max(1, cores // workers), spinning=False)
 
 
 def for_environment(environ: Mapping[str, str], workers_per_model: int | None) -> Layout:

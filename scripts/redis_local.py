@@ -150,7 +150,7 @@ class LocalSentinels(processes.Service):
     with `password` the data nodes require it, with `sentinel_password` the Sentinels.
     """
 
-    def __init__(self, service: str = "funnel", sentinels: int = 3, quorum: int = 2,
+    def __init__(self, service: str = "funnel", *, sentinels: int = 3, quorum: int = 2,
                  down_after_ms: int = 1000, failover_timeout_ms: int = 10000,
                  password: str | None = None, sentinel_password: str | None = None):
         self.service, self.quorum = service, quorum
@@ -276,7 +276,7 @@ class LocalCluster(processes.Service):
     primary has a replica (six nodes) that the cluster promotes when its primary dies (after
     cluster-node-timeout, 2 s). `url` is the FUNNEL_REDIS_URL (redis+cluster://) that finds them."""
 
-    def __init__(self, primaries: int = 3, replicas: int = 0):
+    def __init__(self, *, primaries: int = 3, replicas: int = 0):
         options = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
         self.replicas = replicas
         self.nodes = [LocalRedis(port=cluster_port(), args=list(options))

@@ -134,7 +134,8 @@ class Stack(processes.Service):
             self.start_grpc()
         if self.wants_front_door:
             web = settings.load(WebSettings, [], environ=web_env)
-            self.front_door = FrontDoor(self.port, self.web_port, web.max_body_mb, web.request_timeout_s).start()
+            self.front_door = FrontDoor(self.port, self.web_port, max_body_mb=web.max_body_mb,
+                                         timeout_s=web.request_timeout_s).start()
         for model in self.worker_models:
             self.start_worker(model)
         self.wait_ready(timeout_s)

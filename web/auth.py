@@ -46,7 +46,7 @@ class Unauthorized(FunnelError):
         super().__init__("send a valid API key as 'Authorization: Bearer <key>'")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Identity:
     """Whose key a request carries: its label and its owner hash (never the key)."""
 
@@ -74,7 +74,8 @@ def split_entry(entry: str) -> tuple[str, str]:
 def keyring(api_keys: tuple[str, ...]) -> tuple[tuple[bytes, Identity], ...]:
     """Each key, as the bytes a Bearer token is compared with, and its Identity; made once per
     process (the owner hashes included), not per request."""
-    return tuple((key.encode(), Identity(label, owner_of(key))) for label, key in map(split_entry, api_keys))
+    return tuple((key.encode(), Identity(label=label, owner=owner_of(key)))
+                 for label, key in map(split_entry, api_keys))
 
 
 @functools.lru_cache(maxsize=16)

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import redis
@@ -98,6 +98,7 @@ class Work(Generic[Kept]):
 
     items: list[Any]
     kept: Kept
+    _: KW_ONLY
     ready: bool = False  # the items are the model's own tensors, checked rather than preprocessed
     raw: bool = False  # the replies carry the model's output rows, not the task's results
     lane: str = ""  # the lane the protocol's own parameter asks for ("": the transport's, X-Priority)
@@ -122,7 +123,7 @@ class OpenAIBatchItems:
     fields: dict[str, bytes]  # the record's fields that describe the batch (common/bulk/batch_store.py)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Origin:
     """Who sent a request and how to follow it: what the transport knows before the pipeline starts."""
 
@@ -200,7 +201,7 @@ class Pipeline:
         self.versions = Versions(client, keys, self.workers)
         self.calibration = Calibration()
         self.job_sizes = JobSizes()
-        self.bulk_jobs = JobStore(client, keys, settings.job_ttl_s, settings.job_replicas)
+        self.bulk_jobs = JobStore(client, keys, ttl_s=settings.job_ttl_s, replicas=settings.job_replicas)
         self.job_limits = job_submit.SubmitLimits.of(settings)
         self.admission = Admission(self.workers, settings)
         self.recently_prepared = recently_prepared.RecentlyPrepared()

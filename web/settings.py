@@ -9,7 +9,7 @@ from funnel.common import settings
 from funnel.common.settings import SharedSettings, setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WebSettings(SharedSettings):
     """The Funnel web tier: validates and preprocesses requests, queues jobs, waits for replies."""
 

@@ -39,7 +39,7 @@ class Run:
     feeds: dict[str, np.ndarray] | None  # None: collating failed, so each item runs alone
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Batch:
     taken: list[bytes] = field(default_factory=list)  # every message taken: forgotten once answered
     taken_ids: list[str] = field(default_factory=list)  # each one's job id ("" if it has none)

@@ -62,7 +62,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
                                               client, keys, settings.worker_id), stop)
     if device is None:  # stopped while Redis was down
         return
-    recovery = Recovery(client, keys, settings.worker_id, settings.max_attempts, settings.reply_ttl_s)
+    recovery = Recovery(client, keys, settings.worker_id, max_attempts=settings.max_attempts,
+                        reply_ttl_s=settings.reply_ttl_s)
     hold = Hold(stop, settings.test_hold)
     steps: Steps | Multiplex
     if len(specs) == 1 and not settings.models:
@@ -106,9 +107,10 @@ def steps_for(settings: WorkerSettings, seat: Served, ready: Loaded, device: str
 def seat(settings: WorkerSettings, spec: ModelSpec, member: str, stats: Stats, client, keys: Keys, hold: Hold,
          stop: threading.Event) -> Served:
     """A model version's queues and reply lists, for the worker (or its member) `member`."""
-    return Served(spec, member, JobQueue(client, keys, spec.name, member, settings.bulk_share, spec.version),
-                  Replier(client, keys, member, spec.name, settings.reply_ttl_s, spec.version,
-                          CachePolicy.of(spec.config).ttl_s, hold),
+    return Served(spec, member, JobQueue(client, keys, model=spec.name, worker_id=member,
+                                         bulk_share=settings.bulk_share, version=spec.version),
+                  Replier(client, keys, worker_id=member, model=spec.name, ttl_s=settings.reply_ttl_s,
+                          version=spec.version, cache_ttl_s=CachePolicy.of(spec.config).ttl_s, hold=hold),
                   Linger(settings.linger_ms, stop), stats)
 
 
@@ -139,8 +141,8 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
     residency = Residency(client, keys, settings.worker_id,
                           [Model(spec, m.worker_id, m.stats, files_mb(spec))
                            for spec, m in zip(specs, heartbeat.members)],
-                          Limits(settings.max_resident, settings.max_resident_mb, settings.load_retry_s,
-                                 settings.load_timeout_s),
+                          Limits(max_resident=settings.max_resident, max_resident_mb=settings.max_resident_mb,
+                                 retry_s=settings.load_retry_s, load_timeout_s=settings.load_timeout_s),
                           lambda spec: loaded(settings, spec, device), heartbeat.beat)
     heartbeat.live = residency.fields
     seats = [seat(settings, spec, m.worker_id, m.stats, client, keys, hold, stop)
@@ -149,7 +151,7 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
              settings.max_resident or "all", ", ".join(f"{s.name}:{s.version}" for s in specs))
     return heartbeat, Multiplex(client, keys, seats, residency,
                                 lambda chosen, ready: steps_for(settings, chosen, ready, device, keys, hold, stop),
-                                settings.cold_after_ms / 1000, settings.bulk_share, stop)
+                                cold_after_s=settings.cold_after_ms / 1000, bulk_share=settings.bulk_share, stop=stop)
 
 
 def loop(steps: Steps | Multiplex, stop: threading.Event) -> None:

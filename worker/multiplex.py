@@ -66,7 +66,7 @@ class Served:
 
 class Multiplex:
     def __init__(self, client: redis.Redis, keys: Keys, served: list[Served], residency: Residency,
-                 make_steps: Callable[[Served, Loaded], Steps], cold_after_s: float, bulk_share: float,
+                 make_steps: Callable[[Served, Loaded], Steps], *, cold_after_s: float, bulk_share: float,
                  stop: threading.Event):
         self.client, self.keys, self.residency, self.stop = client, keys, residency, stop
         self.served = served

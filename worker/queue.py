@@ -60,7 +60,7 @@ class Taken:
 
 
 class JobQueue:
-    def __init__(self, client: redis.Redis, keys: Keys, model: str, worker_id: str, bulk_share: float = 0.25,
+    def __init__(self, client: redis.Redis, keys: Keys, *, model: str, worker_id: str, bulk_share: float = 0.25,
                  version: int = 1):
         self.client, self.keys = client, keys
         self.lanes = keys.taken_from(model, version)

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 LOCK_MS = 30_000  # a claimer that dies mid-recovery releases the claim after this
 
 class Recovery:
-    def __init__(self, client: redis.Redis, keys: Keys, claimer_id: str, max_attempts: int,
+    def __init__(self, client: redis.Redis, keys: Keys, claimer_id: str, *, max_attempts: int,
                  reply_ttl_s: int):
         self.client, self.keys, self.claimer_id = client, keys, claimer_id
         self.max_attempts, self.reply_ttl_s = max_attempts, reply_ttl_s

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import redis
 
@@ -45,6 +45,7 @@ class Replier:
 
     client: redis.Redis
     keys: Keys
+    _: KW_ONLY
     worker_id: str
     model: str
     ttl_s: int  # an unread reply list's life

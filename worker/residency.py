@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import redis
 
@@ -66,6 +66,7 @@ class Model:
     member: str  # its id in the registry (common/contracts/registry.py's member_id)
     stats: Stats
     size_mb: float  # its files, what it is counted against the memory budget
+    _: KW_ONLY
     state: str = "cold"  # common/contracts/registry.py's STATES
     loaded: Loaded | None = None
     error: str = ""
@@ -76,7 +77,7 @@ class Model:
     attempt: int = 0  # its loads begun; a load given up on is one behind, and its result is dropped
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Limits:
     max_resident: int = 0  # 0: no limit
     max_resident_mb: float = 0.0  # 0: no limit

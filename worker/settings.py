@@ -30,7 +30,7 @@ def default_worker_id() -> str:
     return f"{host or 'worker'}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerSettings(SharedSettings):
     """A Funnel worker daemon: takes batches of jobs for one model from Redis."""
 

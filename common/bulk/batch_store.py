@@ -20,7 +20,7 @@ lexical order, which is creation order), trimmed of what is past the TTL as it i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import msgpack
 import redis
@@ -41,7 +41,7 @@ FILE_FIELDS = ("filename", "purpose", "bytes", "created_ms", "owner", "lines")
 LINES_FIELD = "batch_lines"  # the job record's field of a batch's lines (Description)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestLine:
     """A request line that became items of the job: items start to start + count."""
 
@@ -53,7 +53,7 @@ class RequestLine:
     base64: bool     # encoding_format "base64"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rejected:
     """A line that is no request the endpoint takes: it goes to the error file, never to the job."""
 
@@ -65,7 +65,7 @@ class Rejected:
     status: int = 0  # 400: a request the endpoint refuses (answered as such); 0: not a request at all
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Description:
     """What a batch's job alone does not say: OpenAI's fields and each line's part of the job.
 
@@ -102,12 +102,14 @@ class Description:
     def decode(cls, head: bytes, lines: bytes | None = None) -> Description:
         made = cls(**msgpack.unpackb(head, raw=False))
         if lines is not None:
-            good, refused = msgpack.unpackb(lines, raw=False)
-            made.lines, made.rejected = [RequestLine(*row) for row in good], [Rejected(*row) for row in refused]
+            good, refused = msgpack.unpackb(lines, raw=False)  # each row its fields' values, in order
+            line_names, rejected_names = [f.name for f in fields(RequestLine)], [f.name for f in fields(Rejected)]
+            made.lines = [RequestLine(**dict(zip(line_names, row))) for row in good]
+            made.rejected = [Rejected(**dict(zip(rejected_names, row))) for row in refused]
         return made
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class File:
     id: str
     filename: str
@@ -153,7 +155,8 @@ class BatchStore:
         """Keep an uploaded file for the TTL, the caller's; listed among its files."""
         created = now_ms()
         hexid = jobs.new_job_id(created)
-        made = File(FILE_PREFIX + hexid, filename, purpose, len(content), created, caller.owner, lines)
+        made = File(id=FILE_PREFIX + hexid, filename=filename, purpose=purpose, bytes=len(content), created_ms=created,
+                    owner=caller.owner, lines=lines)
         key = self.keys.file(hexid)
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping={**{name: getattr(made, name) for name in FILE_FIELDS}, "content": content})
@@ -199,8 +202,8 @@ class BatchStore:
             if jobs.created_ms_of(hexid) + self.ttl_s * 1000 <= now_ms():
                 raise Gone(f"file {file_id} has expired: files are kept {self.ttl_s} s")
             raise NotFound(f"no file {file_id!r}", code="unknown_file")
-        return File(file_id, fields["filename"], fields["purpose"], int(fields["bytes"]),
-                    int(fields["created_ms"]), owner, int(fields["lines"]))
+        return File(id=file_id, filename=fields["filename"], purpose=fields["purpose"], bytes=int(fields["bytes"]),
+                    created_ms=int(fields["created_ms"]), owner=owner, lines=int(fields["lines"]))
 
     # -- batches -----------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class Conflict(FunnelError):
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, replicas: int = 0):
+    def __init__(self, client: redis.Redis, keys: Keys, *, ttl_s: int, replicas: int = 0):
         self.client, self.keys, self.ttl_s, self.replicas = client, keys, ttl_s, replicas
         self._cancel = lua_scripts.register(client, "cancel")
 

@@ -90,7 +90,7 @@ def item_id(job_id: str, index: int) -> str:
     return f"{job_id}-{index}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Caller:
     """Who submits, reads or cancels a job: the API key's owner hash and label (web/auth.py), and
     whether it is an admin key, which may read and cancel any job. Passed explicitly to every job
@@ -118,7 +118,7 @@ class Caller:
         return same or self.admin
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Record:
     id: str
     model: str

@@ -37,7 +37,7 @@ class Refused(ValueError):
     """A webhook URL that is malformed or points where deliveries may not go."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Destination:
     scheme: str
     host: str      # the name or address, without brackets
@@ -65,7 +65,7 @@ def parse(url: str) -> Destination:
     if not parts.hostname:
         raise Refused("the webhook URL has no host")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Destination(parts.scheme, parts.hostname, port, parts.netloc, target)
+    return Destination(scheme=parts.scheme, host=parts.hostname, port=port, netloc=parts.netloc, target=target)
 
 
 def _networks(allow: list[str]) -> tuple[set[str], list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:

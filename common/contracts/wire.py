@@ -157,7 +157,7 @@ def _field(obj: dict, name: str, kinds: type | tuple, optional: bool = False) ->
 
 # -- jobs ------------------------------------------------------------------
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     id: str
     model: str
@@ -373,7 +373,7 @@ def peek_job(data: Any) -> dict:
 
 # -- replies ---------------------------------------------------------------
 
-@dataclass
+@dataclass(kw_only=True)
 class Reply:
     id: str
     ok: bool

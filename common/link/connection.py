@@ -30,7 +30,7 @@ import os
 import re
 import threading
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -59,6 +59,7 @@ class SentinelURL:
 
     sentinels: list[tuple[str, int]]
     service: str
+    _: KW_ONLY
     tls: bool = False
     primary: dict[str, Any] = field(default_factory=dict)   # db, username, password, query options
     sentinel: dict[str, Any] = field(default_factory=dict)  # the Sentinels' username, password, TLS
@@ -87,7 +88,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     primary = {k: v for k, v in parse_url(plain).items() if k not in ("host", "port", "connection_class")}
     ssl_options = {k: v for k, v in primary.items() if k.startswith("ssl_")}
     sentinel = {**auth, **({"ssl": True, **ssl_options} if tls else {})}
-    return SentinelURL(sentinels, path[0], tls, primary, sentinel)
+    return SentinelURL(sentinels, path[0], tls=tls, primary=primary, sentinel=sentinel)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ class Trace:
     exception recorded on them when one is raised. With tracing off the pipeline holds NO_TRACE
     instead, whose marks cost a call of a C function each."""
 
-    def __init__(self, tracer: Tracer, name: str, traceparent: str, tracestate: str, attributes: dict[str, Any]):
+    def __init__(self, tracer: Tracer, *, name: str, traceparent: str, tracestate: str, attributes: dict[str, Any]):
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
@@ -163,7 +163,8 @@ class Spans:
         traceparent header) or a new trace's root; NO_TRACE when tracing is off."""
         if self.tracer is None:
             return NO_TRACE
-        return Trace(self.tracer, f"{verb} {name}", traceparent, tracestate, {"request_id": request_id})
+        return Trace(self.tracer, name=f"{verb} {name}", traceparent=traceparent, tracestate=tracestate,
+                     attributes={"request_id": request_id})
 
     def batch(self, name: str, traceparents: list[str], start_ns: int, end_ns: int,
               steps: dict[str, tuple[int, int]], **attributes: Any) -> None:

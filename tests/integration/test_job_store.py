@@ -51,7 +51,7 @@ def served(model_store, tmp_path_factory):
 
 @pytest.fixture()
 def store(redis_client, keys) -> JobStore:
-    return JobStore(redis_client, keys, TTL_S)
+    return JobStore(redis_client, keys, ttl_s=TTL_S)
 
 
 ANYONE = jobs.Caller.anyone()  # a server with no API keys
@@ -73,7 +73,7 @@ def reply_to(redis_client, keys, job_id: str, *indices: int, ok: bool = True) ->
     results = keys.job_results(job_id)
     replies = [(results, Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
                 if ok else Reply.failure(jobs.item_id(job_id, i), "bad_input", "no")) for i in indices]
-    Replier(redis_client, keys, "w1", MODEL, 60).answer(replies, [])
+    Replier(redis_client, keys, worker_id="w1", model=MODEL, ttl_s=60).answer(replies, [])
 
 
 def test_a_job_is_created_whole(store, task, redis_client, keys):
@@ -141,7 +141,7 @@ class Raced(JobStore):
     its EXEC: the interleaving WATCH exists for, made to happen every time."""
 
     def __init__(self, client, keys, ttl_s, rival: JobStore, rival_job: dict):
-        super().__init__(client, keys, ttl_s)
+        super().__init__(client, keys, ttl_s=ttl_s)
         self.rival, self.rival_job, self.raced = rival, rival_job, False
 
     def _replay(self, conn, idem, body_sha256, caller):
@@ -155,7 +155,7 @@ class Raced(JobStore):
 def lose_the_race(task, client, rival_client, keys) -> str:
     """A submit whose Idempotency-Key a rival's submit takes while it is under way: it answers the
     winner's job and leaves no record or item of its own. The winner's id."""
-    rival = JobStore(rival_client, keys, TTL_S)
+    rival = JobStore(rival_client, keys, ttl_s=TTL_S)
     winner_id = jobs.new_job_id()
     payloads = rival.item_payloads(winner_id, MODEL, now_ms(), [(task.preprocess("the winner"), None)])
     raced = Raced(client, keys, TTL_S, rival, dict(
@@ -197,7 +197,7 @@ def all_at_once(stores, task, texts, key) -> list[tuple[jobs.Record, bool]]:
 def test_concurrent_submits_with_one_key_make_one_job(task, redis_server, redis_client, keys):
     """Rounds of 8 threads sending the same submit at once, each round with its own key."""
     texts, rounds = ["concurrent one", "concurrent two"], 20
-    stores = [JobStore(redis.Redis.from_url(redis_server.url), keys, TTL_S) for _ in range(8)]
+    stores = [JobStore(redis.Redis.from_url(redis_server.url), keys, ttl_s=TTL_S) for _ in range(8)]
     for round_ in range(rounds):
         answers = all_at_once(stores, task, texts, f"together-{round_}")
         assert len({record.id for record, _ in answers}) == 1, round_
@@ -278,11 +278,11 @@ def test_on_a_cluster_a_submit_writes_its_record_apart_and_one_that_loses_or_is_
         return sum(bool(keys.job_of(k.decode())) for k in scan_keys(client, keys.pattern("job")))
 
     lose_the_race(task, client, connect(redis_cluster.url, socket_timeout=5), keys)
-    store = JobStore(client, keys, TTL_S)
+    store = JobStore(client, keys, ttl_s=TTL_S)
     with pytest.raises(Conflict):
         make(store, task, ["another body"], key="race")
     assert records() == 1
-    stores = [JobStore(connect(redis_cluster.url, socket_timeout=5), keys, TTL_S) for _ in range(4)]
+    stores = [JobStore(connect(redis_cluster.url, socket_timeout=5), keys, ttl_s=TTL_S) for _ in range(4)]
     for round_ in range(8):
         answers = all_at_once(stores, task, ["together one", "together two"], f"cluster-{round_}")
         assert len({record.id for record, _ in answers}) == 1 and sum(not r for _, r in answers) == 1, round_
@@ -298,7 +298,7 @@ def test_a_job_of_items_all_known_from_the_cache_is_done_as_made_and_its_webhook
     is done when it is made, and its webhook due at once (on a cluster, marked apart)."""
     for keys, client in ((Keys(), redis_client), (Keys("funnel", cluster=True),
                                                     connect(redis_cluster.url, socket_timeout=5))):
-        store = JobStore(client, keys, TTL_S)
+        store = JobStore(client, keys, ttl_s=TTL_S)
         job_id, queued = jobs.new_job_id(), client.llen(keys.bulk(MODEL))
         known = {i: Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.full(2, i, np.float32)})
                  for i in range(2)}
@@ -390,7 +390,7 @@ def test_with_job_replicas_a_job_is_accepted_only_once_a_replica_holds_it(task, 
     from funnel.common.errors import Unavailable
 
     keys = Keys()
-    store = JobStore(connect(sentinels.url, socket_timeout=5), keys, TTL_S, replicas=1)
+    store = JobStore(connect(sentinels.url, socket_timeout=5), keys, ttl_s=TTL_S, replicas=1)
     replica = redis.Redis(port=sentinels.replica.port)
     job_id = jobs.new_job_id()
     payloads = store.item_payloads(job_id, MODEL, now_ms(), [(task.preprocess("kept"), None)])
@@ -415,7 +415,7 @@ def test_a_submit_whose_answer_is_lost_queues_its_items_once(task, redis_server,
     direct = redis.Redis(port=redis_server.port)
     direct.flushall()
     try:
-        store = JobStore(client, keys, TTL_S)
+        store = JobStore(client, keys, ttl_s=TTL_S)
         proxy.arm(after=b"EXEC")
         record, replayed = make(store, task, ["one", "two", "three"])
         assert proxy.cuts == 1 and not replayed

@@ -40,8 +40,8 @@ def test_a_dead_workers_jobs_go_back_to_the_head_of_the_queue(redis_client, keys
 
 def test_recovery_happens_once(redis_client, keys):
     hold(redis_client, keys, "dead-2", [job(1), job(2)])
-    first = Recovery(redis_client, keys, "peer-a", 3, 60)
-    second = Recovery(redis_client, keys, "peer-b", 3, 60)
+    first = Recovery(redis_client, keys, "peer-a", max_attempts=3, reply_ttl_s=60)
+    second = Recovery(redis_client, keys, "peer-b", max_attempts=3, reply_ttl_s=60)
     assert first.sweep() + second.sweep() == 2
     assert first.sweep() + second.sweep() == 0
     assert redis_client.llen(keys.queue(MODEL)) == 2
@@ -49,7 +49,7 @@ def test_recovery_happens_once(redis_client, keys):
 
 def test_live_workers_are_left_alone(redis_client, keys):
     hold(redis_client, keys, "alive-1", [job(1)], alive=True)
-    assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 0
+    assert Recovery(redis_client, keys, "peer", max_attempts=3, reply_ttl_s=60).sweep() == 0
     assert redis_client.llen(keys.inflight(MODEL, "alive-1")) == 1
 
 
@@ -57,14 +57,14 @@ def test_a_claimer_that_died_mid_recovery_is_taken_over(redis_client, keys):
     hold(redis_client, keys, "dead-3", [job(1)])
     # peer-a claimed (moved the jobs, took the lock) and died before requeueing.
     redis_client.rpoplpush(keys.inflight(MODEL, "dead-3"), keys.recovering(MODEL, "dead-3"))
-    recovery = Recovery(redis_client, keys, "peer-b", 3, 60)
+    recovery = Recovery(redis_client, keys, "peer-b", max_attempts=3, reply_ttl_s=60)
     assert recovery.sweep() == 1
     assert redis_client.llen(keys.queue(MODEL)) == 1
 
 
 def test_jobs_past_the_attempt_limit_are_dead_lettered_with_an_error_reply(redis_client, keys):
     hold(redis_client, keys, "dead-4", [job(1, attempt=2), job(2, attempt=0)])
-    assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 1
+    assert Recovery(redis_client, keys, "peer", max_attempts=3, reply_ttl_s=60).sweep() == 1
     reply = wire.decode_reply(redis_client.lpop(f"funnel:reply:{{{MODEL}}}:job1"))
     assert not reply.ok and reply.error["code"] == "too_many_attempts"
     assert [wire.decode_job(r).id for r in redis_client.lrange(keys.dead(MODEL), 0, -1)] == ["job1"]
@@ -74,7 +74,7 @@ def test_jobs_past_the_attempt_limit_are_dead_lettered_with_an_error_reply(redis
 def test_garbage_held_by_a_dead_worker_is_dead_lettered(redis_client, keys):
     redis_client.hset(keys.workers(), "dead-5", MODEL)
     redis_client.lpush(keys.inflight(MODEL, "dead-5"), b"\x93garbage")
-    assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 0
+    assert Recovery(redis_client, keys, "peer", max_attempts=3, reply_ttl_s=60).sweep() == 0
     assert redis_client.lrange(keys.dead(MODEL), 0, -1) == [b"\x93garbage"]
 
 
@@ -88,7 +88,7 @@ def test_each_job_goes_back_to_its_own_versions_queue(redis_client, keys):
     old = msgpack.unpackb(wire.encode_job(job(5)), raw=False)
     del old["version"]
     redis_client.lpush(keys.inflight(MODEL, "dead-v2"), msgpack.packb(old, use_bin_type=True))
-    assert Recovery(redis_client, keys, "peer-v1", 3, 60).sweep() == 5
+    assert Recovery(redis_client, keys, "peer-v1", max_attempts=3, reply_ttl_s=60).sweep() == 5
 
     def queued(key):
         return [(j.id, j.version, j.attempt) for j in map(wire.decode_job, redis_client.lrange(key, 0, -1)[::-1])]
@@ -101,7 +101,7 @@ def test_each_job_goes_back_to_its_own_versions_queue(redis_client, keys):
 
 def test_a_version_2_job_past_the_attempt_limit_is_answered_by_version_2(redis_client, keys):
     hold(redis_client, keys, "dead-v2b", [job(1, attempt=2, version=2)])
-    assert Recovery(redis_client, keys, "peer", 3, 60).sweep() == 0
+    assert Recovery(redis_client, keys, "peer", max_attempts=3, reply_ttl_s=60).sweep() == 0
     reply = wire.decode_reply(redis_client.lpop(f"funnel:reply:{{{MODEL}}}:job1"))
     assert reply.error["code"] == "too_many_attempts" and reply.version == 2
     assert [wire.decode_job(r).version for r in redis_client.lrange(keys.dead(MODEL), 0, -1)] == [2]  # per model
@@ -120,7 +120,8 @@ def test_an_outage_longer_than_the_heartbeat_ttl_makes_no_live_worker_look_dead(
     ttl_s = 1.5
     proxy = CuttingProxy(redis_server.port)
     through = redis_py.Redis(port=proxy.port, socket_timeout=1, socket_connect_timeout=1)
-    peer = Heartbeat(through, keys, "peer", {"model": MODEL}, Recovery(through, keys, "peer", 3, 60), ttl_s=ttl_s)
+    peer = Heartbeat(through, keys, "peer", {"model": MODEL},
+                     Recovery(through, keys, "peer", max_attempts=3, reply_ttl_s=60), ttl_s=ttl_s)
     peer.start()
     try:
         hold(redis_client, keys, "live", [job(1)])

@@ -217,7 +217,7 @@ def test_on_a_cluster_a_bulk_job_is_accepted_once_the_replicas_of_both_its_nodes
     replica must hold its part before the 202; with one of them stopped the submit is refused and
     undone."""
     cluster, keys = replicated_cluster, Keys(cluster=True)
-    store = JobStore(connect(cluster.url, socket_timeout=5), keys, 60, replicas=1)
+    store = JobStore(connect(cluster.url, socket_timeout=5), keys, ttl_s=60, replicas=1)
     bulk = keys.bulk(MODEL)
     model_node, items_replica = cluster.node_of(bulk), replica_of(cluster, bulk)
 

@@ -33,7 +33,7 @@ def test_an_entry_is_a_labelled_or_a_bare_key(entry, label, key):
 
 def test_a_requests_key_is_found_as_its_identity():
     alice = auth.identify("Bearer keyA", KEYS)
-    assert alice == auth.Identity("alice", auth.owner_of("keyA"))
+    assert alice == auth.Identity(label="alice", owner=auth.owner_of("keyA"))
     assert auth.identify("bearer  bareKey ", KEYS).label.startswith("key-")
     assert len(alice.owner) == 64 and "keyA" not in alice.owner and alice.owner != auth.owner_of("keyB")
     for header in ("", "Bearer", "Bearer nope", "Basic keyA", "Bearer alice=keyA", "Bearer alice", "keyA"):
@@ -77,7 +77,8 @@ def test_a_request_is_a_caller_once_its_key_is_found():
     assert client.get("/who", headers={"Authorization": "Bearer x"}).status_code == 401
     assert client.get("/who", headers={"Authorization": "Bearer keyA"}).status_code == 200
     assert client.get("/who", headers={"Authorization": "Bearer keyC"}).status_code == 200
-    assert seen == [Caller(auth.owner_of("keyA"), "alice"), Caller(auth.owner_of("keyC"), "ops", admin=True)]
+    assert seen == [Caller(owner=auth.owner_of("keyA"), label="alice"),
+                    Caller(owner=auth.owner_of("keyC"), label="ops", admin=True)]
 
 
 def test_without_api_keys_every_request_is_anyone():

@@ -82,7 +82,7 @@ def test_batches_fill_from_interactive_first_with_a_share_for_bulk(redis_client,
     job_id = make_job(redis_client, keys, 100)
     redis_client.lpush(keys.bulk("m"), *[item(keys, job_id, i) for i in range(100)])
     redis_client.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(100)])
-    queue = JobQueue(redis_client, keys, "m", "w1", bulk_share=0.25)
+    queue = JobQueue(redis_client, keys, model="m", worker_id="w1", bulk_share=0.25)
     linger = Linger(0)
     taken = queue.take(8, linger, 0.1).jobs
     assert sum(keys.job(job_id).encode() in raw for raw in taken) == 2  # ceil(0.25 * 8)
@@ -104,7 +104,7 @@ def test_items_of_cancelled_or_expired_jobs_are_dropped_unrun(redis_client, keys
     live = make_job(redis_client, keys, 3)
     redis_client.lpush(keys.bulk("m"), item(keys, cancelled, 0), item(keys, "f" * 32, 0),
                        item(keys, live, 0), item(keys, cancelled, 1))
-    queue = JobQueue(redis_client, keys, "m", "w1")
+    queue = JobQueue(redis_client, keys, model="m", worker_id="w1")
     taken = queue.take(8, Linger(0), 0.1).jobs
     assert len(taken) == 1 and live.encode() in taken[0] and queue.dropped == 3
     assert redis_client.llen(keys.bulk("m")) == 0
@@ -115,14 +115,15 @@ def test_replies_are_stored_by_index_once_with_the_jobs_ttl(redis_client, keys):
     results = keys.job_results(job_id)
     ok = Reply(id=jobs.item_id(job_id, 2), ok=True, outputs={"y": np.ones(2, np.float32)})
     bad = Reply.failure(jobs.item_id(job_id, 0), "bad_input", "no")
-    Replier(redis_client, keys, "w1", "m", 60).answer([(results, ok), (results, bad)], [])
-    Replier(redis_client, keys, "w1", "m", 60).answer([(results, ok)], [])  # answered twice: stored once
+    Replier(redis_client, keys, worker_id="w1", model="m", ttl_s=60).answer([(results, ok), (results, bad)], [])
+    # answered twice: stored once
+    Replier(redis_client, keys, worker_id="w1", model="m", ttl_s=60).answer([(results, ok)], [])
     record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
     assert (record.done, record.failed, record.duplicates, record.state) == (2, 1, 1, "running")
     assert decode_reply(redis_client.hget(results, 2)).ok and not redis_client.hexists(results, 1)
     assert 0 < redis_client.pttl(results) <= 60_000 and 0 < redis_client.pttl(keys.job(job_id)) <= 60_000
     last = Reply(id=jobs.item_id(job_id, 1), ok=True, outputs={"y": 1})
-    Replier(redis_client, keys, "w1", "m", 60).answer([(results, last)], [])
+    Replier(redis_client, keys, worker_id="w1", model="m", ttl_s=60).answer([(results, last)], [])
     record = jobs.Record.parse(job_id, redis_client.hgetall(keys.job(job_id)))
     assert record.state == "done" and record.finished_ms > 0
 
@@ -130,7 +131,7 @@ def test_replies_are_stored_by_index_once_with_the_jobs_ttl(redis_client, keys):
 def test_results_of_an_expired_job_are_dropped(redis_client, keys):
     job_id = jobs.new_job_id()
     reply = Reply(id=jobs.item_id(job_id, 0), ok=True, outputs={"y": 1})
-    Replier(redis_client, keys, "w1", "m", 60).answer([(keys.job_results(job_id), reply)], [])
+    Replier(redis_client, keys, worker_id="w1", model="m", ttl_s=60).answer([(keys.job_results(job_id), reply)], [])
     assert not redis_client.exists(keys.job_results(job_id), keys.job(job_id))
 
 
@@ -143,7 +144,7 @@ def test_jobs_of_a_take_whose_answer_was_lost_are_taken_next(redis_server, keys)
     direct.flushall()
     try:
         direct.lpush(keys.queue("m"), *[interactive(keys, i) for i in range(6)])
-        queue = JobQueue(client, keys, "m", "w1")
+        queue = JobQueue(client, keys, model="m", worker_id="w1")
         first = queue.take(2, Linger(0), 0.1).jobs
         assert [decode_job(raw).id for raw in first] == ["i0", "i1"]
         proxy.arm(after=b"EVALSHA")

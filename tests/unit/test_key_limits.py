@@ -13,13 +13,13 @@ from funnel.web.queueing import limits, push_script
 def test_limits_come_from_json_or_a_file(tmp_path):
     text = json.dumps({"alice": {"rate": 20, "burst": 40, "concurrency": 8}, "*": {"rate": 5}})
     parsed = limits.parse(text)
-    assert parsed["alice"] == limits.Limit(20.0, 40.0, 8)
+    assert parsed["alice"] == limits.Limit(rate=20.0, burst=40.0, concurrency=8)
     (tmp_path / "limits.json").write_text(text)
     assert limits.parse(f"@{tmp_path / 'limits.json'}") == parsed
     assert limits.of(parsed, "alice").concurrency == 8
-    assert limits.of(parsed, "bob") == limits.Limit(5.0, 0.0, 0)  # "*": every other key
+    assert limits.of(parsed, "bob") == limits.Limit(rate=5.0, burst=0.0, concurrency=0)  # "*": every other key
     assert limits.of({}, "alice") is None and limits.parse("") == {}
-    assert limits.Limit(5.0).script_args() == [5.0, 5.0, 0]  # burst: a second's worth
+    assert limits.Limit(rate=5.0).script_args() == [5.0, 5.0, 0]  # burst: a second's worth
 
 
 @pytest.mark.parametrize("text, says", [

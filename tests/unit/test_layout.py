@@ -13,10 +13,11 @@ from funnel.worker.settings import WorkerSettings, thread_count
 
 
 @pytest.mark.parametrize(("cores", "expected"), [
-    (1, Layout(1, 0, True)),  # nothing to share: the library's threads, spinning within a run
-    (2, Layout(2, 1, False)),
-    (3, Layout(2, 1, False)),
-    (16, Layout(2, 8, False)),
+    # nothing to share: the library's threads, spinning within a run
+    (1, Layout(workers_per_model=1, threads=0, spinning=True)),
+    (2, Layout(workers_per_model=2, threads=1, spinning=False)),
+    (3, Layout(workers_per_model=2, threads=1, spinning=False)),
+    (16, Layout(workers_per_model=2, threads=8, spinning=False)),
 ])
 def test_a_cpu_host_gets_two_workers_sharing_its_cores(cores, expected):
     assert layout.choose(cores, "cpu") == expected
@@ -24,19 +25,19 @@ def test_a_cpu_host_gets_two_workers_sharing_its_cores(cores, expected):
 
 @pytest.mark.parametrize("device", ["cuda:0", "auto"])
 def test_a_gpu_worker_stays_one_process(device):
-    assert layout.choose(16, device) == Layout(1, 0, True)
+    assert layout.choose(16, device) == Layout(workers_per_model=1, threads=0, spinning=True)
 
 
 def test_workers_the_user_names_share_the_cores():
-    assert layout.choose(16, "cpu", 4) == Layout(4, 4, False)
-    assert layout.choose(2, "cpu", 1) == Layout(1, 0, True)
-    assert layout.choose(2, "cuda:0", 3) == Layout(3, 1, False)
+    assert layout.choose(16, "cpu", 4) == Layout(workers_per_model=4, threads=4, spinning=False)
+    assert layout.choose(2, "cpu", 1) == Layout(workers_per_model=1, threads=0, spinning=True)
+    assert layout.choose(2, "cuda:0", 3) == Layout(workers_per_model=3, threads=1, spinning=False)
 
 
 def test_funnel_up_starts_the_layout_and_says_what_it_chose(model_store, monkeypatch):
     monkeypatch.setattr(layout, "cores", lambda: 2)
     up = stack.build(["--model-store", str(model_store), "--no-front-door"], environ={})
-    assert up.layout == Layout(2, 1, False)
+    assert up.layout == Layout(workers_per_model=2, threads=1, spinning=False)
     assert len(up.worker_models) == 2 * len(up.models)
     env = up.worker_environment(up.models[0])
     assert (env["FUNNEL_INTRA_OP_THREADS"], env["FUNNEL_SPINNING"]) == ("1/2", "0")  # counted where each runs
@@ -50,10 +51,12 @@ def test_the_users_settings_win_and_are_what_funnel_up_says(model_store, monkeyp
     monkeypatch.setattr(layout, "cores", lambda: 2)
     up = stack.build(["--model-store", str(model_store), "--no-front-door", "--workers-per-model", "1"],
                      environ={"FUNNEL_INTRA_OP_THREADS": "2"})
-    assert up.layout == Layout(1, 2, True) and len(up.worker_models) == len(up.models)
+    assert up.layout == Layout(workers_per_model=1, threads=2, spinning=True)
+    assert len(up.worker_models) == len(up.models)
     assert up.worker_environment(up.models[0])["FUNNEL_INTRA_OP_THREADS"] == "2"
     on_gpu = stack.build(["--model-store", str(model_store), "--no-front-door"], environ={"FUNNEL_DEVICE": "cuda:0"})
-    assert on_gpu.layout == Layout(1, 0, True) and "FUNNEL_INTRA_OP_THREADS" not in on_gpu.worker_environment("x")
+    assert on_gpu.layout == Layout(workers_per_model=1, threads=0, spinning=True)
+    assert "FUNNEL_INTRA_OP_THREADS" not in on_gpu.worker_environment("x")
 
 
 @pytest.mark.parametrize(("text", "cores", "threads"), [("0", 8, 0), ("3", 8, 3), ("1/2", 8, 4), ("1/3", 8, 2),

@@ -54,12 +54,15 @@ def test_a_custom_id_is_used_once():
 
 
 def description(lines: list[RequestLine], rejected: list[Rejected] = ()) -> Description:
-    return Description("file-x", "/v1/embeddings", "24h", "m", len(lines), len(rejected), {"k": "v"},
-                       lines=lines, rejected=list(rejected))
+    return Description(input_file_id="file-x", endpoint="/v1/embeddings", completion_window="24h", model="m",
+                       good=len(lines), refused=len(rejected), metadata={"k": "v"}, lines=lines,
+                       rejected=list(rejected))
 
 
 def test_a_description_round_trips_through_msgpack_its_head_apart():
-    made = description([RequestLine(1, "a", 0, 2, 9, True)], [Rejected(2, None, "invalid_json_line", "no", None, 0)])
+    made = description([RequestLine(number=1, custom_id="a", start=0, count=2, tokens=9, base64=True)],
+                       [Rejected(number=2, custom_id=None, code="invalid_json_line", message="no", param=None,
+                                 status=0)])
     made.cancelled_ms, made.counts = 5, [1, 1]
     assert Description.decode(made.encode(), made.encode_lines()) == made and made.total == 2
     head = Description.decode(made.encode())
@@ -89,9 +92,11 @@ def record(total: int, done: int, failed: int = 0, cancelled: bool = False) -> j
 
 
 def test_output_and_error_lines_by_custom_id_in_line_order():
-    lines = [RequestLine(1, "one", 0, 1, 3, False), RequestLine(3, "two", 1, 2, 6, True),
-             RequestLine(4, "bad", 3, 1, 2, False)]
-    made = description(lines, [Rejected(2, "refused", "invalid_value", "empty", "input", 400)])
+    lines = [RequestLine(number=1, custom_id="one", start=0, count=1, tokens=3, base64=False),
+             RequestLine(number=3, custom_id="two", start=1, count=2, tokens=6, base64=True),
+             RequestLine(number=4, custom_id="bad", start=3, count=1, tokens=2, base64=False)]
+    made = description(lines, [Rejected(number=2, custom_id="refused", code="invalid_value", message="empty",
+                                        param="input", status=400)])
     pages = [[payload(0), payload(1)], [payload(2), payload(3, ok=False)]]
     done = record(4, 4, failed=1)
     output = [json.loads(x) for x in openai_batch.result_lines(done, made, OUTPUT, pages)]
@@ -105,7 +110,8 @@ def test_output_and_error_lines_by_custom_id_in_line_order():
 
 
 def test_a_cancel_leaves_unanswered_lines_in_the_error_file():
-    made = description([RequestLine(1, "a", 0, 1, 1, False), RequestLine(2, "b", 1, 1, 1, False)])
+    made = description([RequestLine(number=1, custom_id="a", start=0, count=1, tokens=1, base64=False),
+                        RequestLine(number=2, custom_id="b", start=1, count=1, tokens=1, base64=False)])
     pages = [[payload(0), None]]
     stopped = record(2, 1, cancelled=True)
     errors = [json.loads(x) for x in openai_batch.result_lines(stopped, made, ERRORS, pages)]
@@ -116,7 +122,7 @@ def test_a_cancel_leaves_unanswered_lines_in_the_error_file():
 
 
 def test_the_batch_object_follows_its_job():
-    made = description([RequestLine(1, "a", 0, 1, 1, False)])
+    made = description([RequestLine(number=1, custom_id="a", start=0, count=1, tokens=1, base64=False)])
     running = openai_batch.batch_object(record(1, 0), made, (0, 0), 86_400)
     assert running["status"] == "in_progress" and running["output_file_id"] is None
     done = openai_batch.batch_object(record(1, 1), made, (1, 0), 86_400)

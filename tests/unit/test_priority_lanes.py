@@ -80,7 +80,7 @@ def test_a_batch_takes_high_first_and_every_lane_its_floor_share(redis_client, k
         redis_client.lpush(keys.queue(MODEL, 1, lane), *[job(lane, n) for n in range(100)])
     bulk_job = make_job(redis_client, keys, 100)
     redis_client.lpush(keys.bulk(MODEL), *[item(keys, bulk_job, i) for i in range(100)])
-    queue = JobQueue(redis_client, keys, MODEL, "w1", bulk_share=0.25)
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1", bulk_share=0.25)
     served = {"high": 0, "normal": 0, "low": 0, "bulk": 0}
     for _ in range(10):
         taken = queue.take(10, Linger(0), 0.1).jobs
@@ -114,11 +114,11 @@ def test_floor_shares_hold_with_batches_of_one():
 
 def test_high_jobs_left_behind_an_empty_normal_queue_wake_an_idle_worker(redis_client, keys):
     redis_client.lpush(keys.queue(MODEL, 1, "high"), *[job("high", n) for n in range(3)])
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     assert len(queue.take(2, Linger(0), 0.1).jobs) == 2
     # One moved to where idle workers block: another worker's BLMOVE takes it at once.
     assert redis_client.llen(keys.queue(MODEL)) == 1 and redis_client.llen(keys.queue(MODEL, 1, "high")) == 0
-    other = JobQueue(redis_client, keys, MODEL, "w2")
+    other = JobQueue(redis_client, keys, model=MODEL, worker_id="w2")
     queue._interactive_at -= worker_queue.INTERACTIVE_RECENT_S
     assert [decode_job(raw).id for raw in other.take(4, Linger(0), 0.1).jobs] == ["high-2"]
 
@@ -141,7 +141,7 @@ def several(lane: str, n: int, count: int) -> bytes:
 @pytest.mark.parametrize("count", [2, 127, 128, 300])  # msgpack's fixint, uint8 and uint16 counts
 def test_a_take_counts_items_as_the_message_says(redis_client, keys, count):
     redis_client.lpush(keys.queue(MODEL), several("normal", 0, count), job("normal", 1))
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     taken = queue.take(count + 1, Linger(0), 0.1).jobs  # room for both: the job's items and the one behind it
     assert [decode_job(raw).id for raw in taken] == ["normal-0", "normal-1"]
 
@@ -150,7 +150,7 @@ def test_a_lane_takes_jobs_while_it_has_room_so_a_batch_overruns_by_less_than_a_
     normal = keys.queue(MODEL)
     redis_client.lpush(normal, job("normal", 0), several("normal", 1, 8), several("normal", 2, 3),
                        several("normal", 3, 10), job("normal", 4))
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
 
     def take(size: int) -> list[str]:
         taken = queue.take(size, Linger(0), 0.1).jobs
@@ -169,7 +169,7 @@ def test_floor_shares_count_items_and_a_big_job_in_high_does_not_starve_the_lane
         redis_client.lpush(keys.queue(MODEL, 1, "high"), several("high", n, 10))
         redis_client.lpush(keys.queue(MODEL, 1, "normal"), several("normal", n, 10))
         redis_client.lpush(keys.queue(MODEL, 1, "low"), job("low", n))
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     items = {"high": 0, "normal": 0, "low": 0}
     for _ in range(20):
         taken = queue.take(10, Linger(0), 0.1).jobs
@@ -190,7 +190,7 @@ def test_the_take_drops_jobs_whose_client_left_unrun_and_forgets_their_marks(red
                   deadline=now_ms() + 60_000)  # a str 8 id, in a job of several items
     redis_client.lpush(normal, job("normal", 0), several("normal", 1, 4), encode(long_id), job("normal", 3))
     leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "normal-1", "x" * 40, "elsewhere"])
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     taken = queue.take(10, Linger(0), 0.1)
     assert [decode_job(raw).id for raw in taken.jobs] == ["normal-0", "normal-3"] and taken.left == 2
     assert redis_client.lrange(keys.inflight(MODEL, "w1"), 0, -1)[::-1] == taken.jobs  # the dropped are not held
@@ -202,7 +202,7 @@ def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_c
     those left in its in-flight list from before a restart, are checked against the gone set too."""
     import threading
 
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     queue.take(4, Linger(0), 0.01)  # no leftovers: the next take blocks
     taken: list = []
     waiting = threading.Thread(target=lambda: taken.append(queue.take(4, Linger(0), 5.0)))
@@ -220,7 +220,7 @@ def test_a_job_an_idle_worker_blocked_for_and_leftovers_are_dropped_when_their_c
     # A restart under the same id finds two jobs in its in-flight list, one of them left by its client.
     redis_client.lpush(keys.inflight(MODEL, "w2"), job("normal", 1), job("normal", 2))
     redis_client.zadd(keys.gone(MODEL), {"normal-2": now_ms() + 60_000})
-    restarted = JobQueue(redis_client, keys, MODEL, "w2")
+    restarted = JobQueue(redis_client, keys, model=MODEL, worker_id="w2")
     after = restarted.take(4, Linger(0), 0.1)
     assert [decode_job(raw).id for raw in after.jobs] == ["normal-1"]
     assert after.left == 1 and redis_client.zcard(keys.gone(MODEL)) == 0
@@ -241,7 +241,7 @@ def test_short_or_hand_pushed_messages_count_one_item_at_least_and_never_break_t
     leave = lua_scripts.register(redis_client, "leave")
     leave(keys=[keys.gone(MODEL)], args=[now_ms(), now_ms() + 60_000, "someone"])  # ids are looked up
     redis_client.lpush(keys.queue(MODEL), *SHORT, job("normal", 0))
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     first = queue.take(4, Linger(0), 0.1)
     assert first.jobs == SHORT[:4]  # four messages, one item each: oldest first
     rest = queue.take(100, Linger(0), 0.1)
@@ -258,7 +258,7 @@ def test_a_batch_the_linger_will_not_wait_for_costs_one_take_script(redis_client
     """A batch that the linger runs at once costs one take script after the job is in hand (blocked: one
     before, which found the queues empty, and one after the wake): another right after the one that
     emptied the queues would find nothing."""
-    queue = JobQueue(redis_client, keys, MODEL, "w1")
+    queue = JobQueue(redis_client, keys, model=MODEL, worker_id="w1")
     queue.take(4, Linger(0), 0.01)  # the leftovers' check, once
     if blocked:
         threading.Timer(0.2, lambda: redis_client.lpush(keys.queue(MODEL), job("normal", 0))).start()

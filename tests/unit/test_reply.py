@@ -29,7 +29,7 @@ def taken(redis_client, keys, worker: str, n: int, size: int = 1
 @SIZES
 def test_a_batch_still_held_is_answered_and_forgotten(redis_client, keys, size):
     raws, ids, replies = taken(redis_client, keys, "w1", 3, size)
-    assert Replier(redis_client, keys, "w1", MODEL, 60).answer(replies, [], raws, ids) == ids
+    assert Replier(redis_client, keys, worker_id="w1", model=MODEL, ttl_s=60).answer(replies, [], raws, ids) == ids
     pushed = [decode_reply(r).id for r in redis_client.lrange(keys.reply(MODEL, "web-1"), 0, -1)]
     assert sorted(pushed) == ids and redis_client.llen(keys.inflight(MODEL, "w1")) == 0
     assert 0 < redis_client.ttl(keys.reply(MODEL, "web-1")) <= 60
@@ -42,12 +42,13 @@ def test_jobs_recovered_while_the_worker_was_paused_are_not_answered_again(redis
     for raw in raws[:2]:
         redis_client.lrem(keys.inflight(MODEL, "w2"), 1, raw)
         redis_client.lpush(keys.queue(MODEL), raw)
-    assert Replier(redis_client, keys, "w2", MODEL, 60).answer(replies, [raws[0]], raws, ids) == ids[2:]
+    replier = Replier(redis_client, keys, worker_id="w2", model=MODEL, ttl_s=60)
+    assert replier.answer(replies, [raws[0]], raws, ids) == ids[2:]
     pushed = [decode_reply(r).id for r in redis_client.lrange(keys.reply(MODEL, "web-1"), 0, -1)]
     assert pushed == ids[2:]  # the requeued ones are their next worker's to answer
     assert redis_client.llen(keys.dead(MODEL)) == 0  # nor parked: it is no longer this worker's
     # The same answer again (its first EXEC's answer lost): nothing more goes out.
-    assert Replier(redis_client, keys, "w2", MODEL, 60).answer(replies, [], raws, ids) == []
+    assert Replier(redis_client, keys, worker_id="w2", model=MODEL, ttl_s=60).answer(replies, [], raws, ids) == []
     assert redis_client.llen(keys.reply(MODEL, "web-1")) == 1
 
 
@@ -62,7 +63,7 @@ def test_bulk_items_recovered_while_the_worker_was_paused_are_not_stored_by_it(r
     redis_client.lrem(keys.inflight("m", "w3"), 1, raws[0])  # a peer requeued item 0 while w3 was paused
     results = keys.job_results(job_id)
     replies = [(results, Reply(id=i, ok=True, outputs={"y": 1})) for i in ids]
-    assert Replier(redis_client, keys, "w3", "m", 60).answer(replies, [], raws, ids) == ids[1:]
+    assert Replier(redis_client, keys, worker_id="w3", model="m", ttl_s=60).answer(replies, [], raws, ids) == ids[1:]
     assert sorted(redis_client.hkeys(results)) == [b"1", b"2"]  # item 0 is its next worker's to store
     record = redis_client.hgetall(keys.job(job_id))
     assert record[b"done"] == b"2" and record.get(b"duplicates", b"0") == b"0"
@@ -80,7 +81,7 @@ def test_a_long_message_is_named_by_its_head_and_a_short_one_whole():
 
 def test_answering_images_sends_no_pixels_back(redis_client, keys):
     raws, ids, replies = taken(redis_client, keys, "w4", 16, IMAGE)
-    replier = Replier(redis_client, keys, "w4", MODEL, 60)
+    replier = Replier(redis_client, keys, worker_id="w4", model=MODEL, ttl_s=60)
     by_job, by_id = sorted_replies(keys, replies)
     call = ReplyCall.of(replier, by_id, by_job, [], raws, ids)
     sent = sum(len(a) for a in call.args if isinstance(a, bytes))
@@ -93,6 +94,7 @@ def test_a_long_message_is_found_wherever_it_lies_and_parked_whole(redis_client,
     later, _, _ = taken(redis_client, keys, "w5", 2, IMAGE + 1)  # the next batch, taken while this one ran
     redis_client.rpush(inflight, raws[1])  # and job-1 moved to the old end: not where the batch's others lie
     redis_client.lrem(inflight, 1, raws[1])  # (the first copy of it, at the new end)
-    assert Replier(redis_client, keys, "w5", MODEL, 60).answer(replies, [raws[2]], raws, ids) == ids
+    replier = Replier(redis_client, keys, worker_id="w5", model=MODEL, ttl_s=60)
+    assert replier.answer(replies, [raws[2]], raws, ids) == ids
     assert redis_client.lrange(inflight, 0, -1) == later[::-1]  # the next batch's, untouched
     assert redis_client.lrange(keys.dead(MODEL), 0, -1) == [raws[2]]  # the message as taken, every byte

@@ -43,7 +43,7 @@ class Loader:
 
 
 def residency(client, keys, names, worker="w1", limits=None, loader=None, sizes=None) -> Residency:
-    limits = limits or Limits(2)
+    limits = limits or Limits(max_resident=2)
     models = [Model(spec(n), f"{worker}.{n}.1", Stats(), (sizes or {}).get(n, 1.0)) for n in names]
     return Residency(client, keys, worker, models, limits, loader or Loader())
 
@@ -76,7 +76,7 @@ def test_the_least_recently_used_goes_never_one_pinned(redis_client, keys):
 
 
 def test_a_batch_pins_a_model_until_it_is_answered(redis_client, keys):
-    r = residency(redis_client, keys, ["a", "b"], limits=Limits(1))
+    r = residency(redis_client, keys, ["a", "b"], limits=Limits(max_resident=1))
     assert load(r, "a")
     r.pin("w1.a.1")
     assert not r.load("w1.b.1")  # no room: a's batch runs
@@ -87,7 +87,7 @@ def test_a_batch_pins_a_model_until_it_is_answered(redis_client, keys):
 
 
 def test_the_memory_budget_counts_the_models_files(redis_client, keys):
-    r = residency(redis_client, keys, ["small", "large", "other"], limits=Limits(0, 100.0),
+    r = residency(redis_client, keys, ["small", "large", "other"], limits=Limits(max_resident=0, max_resident_mb=100.0),
                   sizes={"small": 30.0, "large": 60.0, "other": 50.0})
     assert load(r, "small") and load(r, "large")  # 90 of 100
     assert load(r, "other")  # 50 more: the least recently used (small) is not enough, large goes too
@@ -133,7 +133,7 @@ def test_a_claim_lapses_when_its_loader_dies(redis_client, keys):
 
 def test_a_model_that_fails_to_load_is_not_retried_in_a_loop(redis_client, keys):
     loader = Loader(broken=("broken",))
-    r = residency(redis_client, keys, ["broken", "fine"], limits=Limits(2, retry_s=0.5), loader=loader)
+    r = residency(redis_client, keys, ["broken", "fine"], limits=Limits(max_resident=2, retry_s=0.5), loader=loader)
     assert load(r, "broken")
     assert r.state("w1.broken.1") == "failed"
     assert r.fields()["w1.broken.1"] == {"process": "w1", "state": "failed",
@@ -152,7 +152,7 @@ def test_a_load_that_hangs_is_given_up_at_its_timeout(redis_client, keys):
     loader.gate.clear()  # the load of hung blocks until the gate opens
     published = []
     r = Residency(redis_client, keys, "w1", [Model(spec(n), f"w1.{n}.1", Stats(), 1.0) for n in ("hung", "fine")],
-                  Limits(2, load_timeout_s=0.3), loader, lambda: published.append(r.state("w1.hung.1")))
+                  Limits(max_resident=2, load_timeout_s=0.3), loader, lambda: published.append(r.state("w1.hung.1")))
     assert r.load("w1.hung.1")
     r.renew()  # within its timeout: the claim is kept
     assert r.state("w1.hung.1") == "loading" and redis_client.get(keys.loading("hung")) == b"w1"
@@ -175,7 +175,7 @@ def test_a_load_that_hangs_is_given_up_at_its_timeout(redis_client, keys):
 def test_a_timeout_releases_only_its_own_claim(redis_client, keys):
     loader = Loader()
     loader.gate.clear()
-    r = residency(redis_client, keys, ["a"], limits=Limits(1, load_timeout_s=0.2), loader=loader)
+    r = residency(redis_client, keys, ["a"], limits=Limits(max_resident=1, load_timeout_s=0.2), loader=loader)
     assert r.load("w1.a.1")
     redis_client.set(keys.loading("a"), "w2")  # lapsed and taken by a peer meanwhile (a stalled taker)
     wait_for(lambda: r.renew() or r.state("w1.a.1") == "failed", timeout_s=5, what="the load given up")
@@ -241,7 +241,7 @@ def test_the_registry_never_shows_more_resident_than_the_limit(redis_server, red
     for name in names[1:]:
         beat.join(f"w1.{name}.1", {"model": name})
     r = Residency(lagging, keys, "w1", [Model(spec(m.info["model"]), m.worker_id, m.stats, 1.0)
-                                        for m in beat.members], Limits(3), Loader(), beat.beat)
+                                        for m in beat.members], Limits(max_resident=3), Loader(), beat.beat)
     beat.live = r.fields
     beat.beat()
     done, most, readings = threading.Event(), [0], [0]
@@ -278,13 +278,13 @@ def multiplex(client, keys, names: list[str]):
     from funnel.worker.queue import JobQueue
 
     stop = threading.Event()
-    r = residency(client, keys, names, limits=Limits(len(names)))
+    r = residency(client, keys, names, limits=Limits(max_resident=len(names)))
     for name in names:
         client.delete(keys.loading(name))
         assert load(r, name)
-    served = [Served(spec(n), f"w1.{n}.1", JobQueue(client, keys, n, f"w1.{n}.1"), None, Linger(0, stop),  # type: ignore[arg-type]
-                     r.models[f"w1.{n}.1"].stats) for n in names]
-    return Multiplex(client, keys, served, r, lambda *_: None, 2.0, 0.25, stop)  # type: ignore[arg-type,return-value]
+    served = [Served(spec(n), f"w1.{n}.1", JobQueue(client, keys, model=n, worker_id=f"w1.{n}.1"), None,  # type: ignore[arg-type]
+                     Linger(0, stop), r.models[f"w1.{n}.1"].stats) for n in names]
+    return Multiplex(client, keys, served, r, lambda *_: None, cold_after_s=2.0, bulk_share=0.25, stop=stop)  # type: ignore[arg-type,return-value]
 
 
 def picks(m, turns: int) -> list[str]:

@@ -17,7 +17,7 @@ def task(tmp_path) -> TextRecognition:
     (tmp_path / "characters.txt").write_text("a\nb\nc\n", encoding="utf-8")
     config = {"task": "text_recognition", "characters": "characters.txt", "height": 48, "min_width": 320,
               "feeds": ["x"], "run_cost_columns": 64}
-    return TextRecognition(ModelSpec("ocr", "text_recognition", tmp_path, 8, config))
+    return TextRecognition(ModelSpec(name="ocr", task="text_recognition", path=tmp_path, batch_size=8, config=config))
 
 
 def test_decoding_merges_repeats_and_drops_blanks(task):

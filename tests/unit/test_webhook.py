@@ -112,8 +112,9 @@ def make_job(client, keys, total: int, webhook: str | None = "http://127.0.0.1:9
 
 def store(client, keys, job_id: str, *indices: int) -> None:
     results = keys.job_results(job_id)
-    Replier(client, keys, "w1", "m", 60).answer([(results, Reply(id=jobs.item_id(job_id, i), ok=True,
-                                                     outputs={"y": np.ones(1, np.float32)})) for i in indices], [])
+    replies = [(results, Reply(id=jobs.item_id(job_id, i), ok=True, outputs={"y": np.ones(1, np.float32)}))
+               for i in indices]
+    Replier(client, keys, worker_id="w1", model="m", ttl_s=60).answer(replies, [])
 
 
 def test_the_last_stored_item_makes_the_webhook_due_once(redis_client, keys):

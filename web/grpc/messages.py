@@ -52,7 +52,8 @@ def read_inputs(request: pb.ModelInferRequest, max_items: int) -> dict[str, Tens
         else:
             value = from_contents(spec, count)
         given = spec.parameters["content_type"].string_param if "content_type" in spec.parameters else ""
-        tensors[spec.name] = Tensor(spec.name, spec.datatype, shape, value, given)
+        tensors[spec.name] = Tensor(name=spec.name, datatype=spec.datatype, shape=shape, value=value,
+                                    content_type=given)
     return tensors
 
 

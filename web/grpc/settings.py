@@ -14,7 +14,7 @@ from funnel.common.settings import setting
 from funnel.web.settings import WebSettings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GrpcSettings(WebSettings):
     """The Open Inference Protocol over gRPC, through the web tier's pipeline: the web tier's settings,
     and its port."""

@@ -45,7 +45,7 @@ TOKEN_IDS_REFUSED = ("token ids are not accepted: send the text itself, which th
 class BadParam(BadInput):
     """A 400 that names the request field at fault, as OpenAI's `param` does."""
 
-    def __init__(self, param: str, message: str, code: str = "invalid_value"):
+    def __init__(self, *, param: str, message: str, code: str = "invalid_value"):
         super().__init__(message, code=code)
         self.param = param
 
@@ -69,7 +69,7 @@ class OpenAIEmbeddings:
         """The model the body names: the front resolves it as it would a name from the path."""
         model = self._body(request).get("model")
         if not isinstance(model, str) or not model:
-            raise BadParam("model", "'model' must name a served model (GET /v1/models lists them)")
+            raise BadParam(param="model", message="'model' must name a served model (GET /v1/models lists them)")
         return model
 
     def parse(self, task: Task, request: Request) -> Work[str]:
@@ -79,27 +79,28 @@ class OpenAIEmbeddings:
         """A request body's texts, and how to write their vectors (the context): a request's, or a
         batch line's (protocols/openai_batch.py)."""
         if not is_embedding_model(task):
-            raise BadParam("model", f"{task.spec.name} does not give embeddings; GET /v1/models lists those "
-                           "that do", code="model_not_supported")
+            raise BadParam(param="model", message=f"{task.spec.name} does not give embeddings; GET /v1/models "
+                           "lists those that do", code="model_not_supported")
         encoding = body.get("encoding_format", "float")
         if encoding not in FORMATS:
-            raise BadParam("encoding_format", f"encoding_format must be one of {', '.join(FORMATS)}")
+            raise BadParam(param="encoding_format", message=f"encoding_format must be one of {', '.join(FORMATS)}")
         dimensions = body.get("dimensions")
         dim = task.output_shapes()["embedding"][0]
         if dimensions is not None and dimensions != dim:
-            raise BadParam("dimensions", f"{task.spec.name} gives {dim} dimensions only; leave 'dimensions' out")
+            raise BadParam(param="dimensions",
+                           message=f"{task.spec.name} gives {dim} dimensions only; leave 'dimensions' out")
         return Work(self._texts(body.get("input")), encoding)  # kept: how to write the vectors
 
     def _texts(self, given: Any) -> list[str]:
         texts = [given] if isinstance(given, str) else given
         if not isinstance(texts, list) or not texts:
-            raise BadParam("input", "'input' must be a string or a non-empty list of strings")
+            raise BadParam(param="input", message="'input' must be a string or a non-empty list of strings")
         if all(is_token_ids(t) for t in texts) or is_token_ids(texts):
-            raise BadParam("input", TOKEN_IDS_REFUSED, code="token_ids_not_supported")
+            raise BadParam(param="input", message=TOKEN_IDS_REFUSED, code="token_ids_not_supported")
         if not all(isinstance(t, str) for t in texts):
-            raise BadParam("input", "'input' must be a string or a list of strings")
+            raise BadParam(param="input", message="'input' must be a string or a list of strings")
         if len(texts) > self.max_items:
-            raise BadParam("input", f"{len(texts)} inputs in one request; the limit is {self.max_items}",
+            raise BadParam(param="input", message=f"{len(texts)} inputs in one request; the limit is {self.max_items}",
                            code="too_many_items")
         return texts
 

@@ -47,7 +47,7 @@ MAX_CUSTOM_ID = 512
 
 
 class NotARequest(ValueError):
-    def __init__(self, message: str, code: str, param: str | None = None, custom_id: str | None = None):
+    def __init__(self, *, message: str, code: str, param: str | None = None, custom_id: str | None = None):
         super().__init__(message)
         self.code, self.param, self.custom_id = code, param, custom_id
 
@@ -81,23 +81,25 @@ def read_file(content: bytes, endpoint: str, adapter: OpenAIEmbeddings, resolve:
             custom_id, body = request_of(raw, endpoint, seen)
             task = read.task or resolve(body.get("model") if isinstance(body.get("model"), str) else "")
             if body.get("model") != task.spec.name:
-                raise BadParam("model", f"one model a batch: this batch's is {task.spec.name}",
+                raise BadParam(param="model", message=f"one model a batch: this batch's is {task.spec.name}",
                                code="mismatched_model")
             work = adapter.read(task, body)
             items = [inputs for inputs, _ in prepare(task, work.items)]  # an embedder's items keep no context
         except NotARequest as exc:
-            read.rejected.append(Rejected(number, exc.custom_id, exc.code, str(exc), exc.param))
+            read.rejected.append(Rejected(number=number, custom_id=exc.custom_id, code=exc.code, message=str(exc),
+                                          param=exc.param))
             continue
         except FunnelError as exc:
             param = getattr(exc, "param", None) or ("model" if exc.status == 404 else None)
-            read.rejected.append(Rejected(number, custom_id, exc.code, exc.message, param, exc.status))
+            read.rejected.append(Rejected(number=number, custom_id=custom_id, code=exc.code, message=exc.message,
+                                          param=param, status=exc.status))
             continue
         if len(read.items) + len(items) > max_items:
-            raise BadParam("input_file_id", f"the file's requests hold more than {max_items} inputs by line "
-                           f"{number}; a batch takes {max_items} at most", code="too_many_items")
+            raise BadParam(param="input_file_id", message=f"the file's requests hold more than {max_items} inputs "
+                           f"by line {number}; a batch takes {max_items} at most", code="too_many_items")
         read.task = task
-        read.lines.append(RequestLine(number, custom_id, len(read.items), len(items), tokens_of(items),
-                               work.kept == "base64"))
+        read.lines.append(RequestLine(number=number, custom_id=custom_id, start=len(read.items), count=len(items),
+                                      tokens=tokens_of(items), base64=work.kept == "base64"))
         read.items += items
     return read
 
@@ -108,24 +110,25 @@ def request_of(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, dict]:
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise NotARequest("the line is not JSON", "invalid_json_line") from None
+        raise NotARequest(message="the line is not JSON", code="invalid_json_line") from None
     if not isinstance(line, dict):
-        raise NotARequest("the line must be a JSON object", "invalid_json_line")
+        raise NotARequest(message="the line must be a JSON object", code="invalid_json_line")
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID:
-        raise NotARequest(f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters", "invalid_custom_id",
-                          "custom_id")
+        raise NotARequest(message=f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters",
+                          code="invalid_custom_id", param="custom_id")
     if custom_id in seen:
-        raise NotARequest(f"custom_id {custom_id!r} is an earlier line's: each line's must be its own",
-                          "duplicate_custom_id", "custom_id", custom_id)
+        raise NotARequest(message=f"custom_id {custom_id!r} is an earlier line's: each line's must be its own",
+                          code="duplicate_custom_id", param="custom_id", custom_id=custom_id)
     seen.add(custom_id)
     if line.get("method") != "POST":
-        raise NotARequest("method must be POST", "invalid_method", "method", custom_id)
+        raise NotARequest(message="method must be POST", code="invalid_method", param="method", custom_id=custom_id)
     if line.get("url") != endpoint:
-        raise NotARequest(f"url must be the batch's endpoint, {endpoint}", "mismatched_url", "url", custom_id)
+        raise NotARequest(message=f"url must be the batch's endpoint, {endpoint}", code="mismatched_url", param="url",
+                          custom_id=custom_id)
     body = line.get("body")
     if not isinstance(body, dict):
-        raise NotARequest("body must be a JSON object", "invalid_body", "body", custom_id)
+        raise NotARequest(message="body must be a JSON object", code="invalid_body", param="body", custom_id=custom_id)
     return custom_id, body
 
 

@@ -36,7 +36,7 @@ MAX_DIMS = 8
 log = logging.getLogger("funnel.web")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Tensor:
     name: str
     datatype: str
@@ -98,11 +98,12 @@ def read_input(spec: Any, binary: memoryview) -> tuple[Tensor, int]:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > len(binary):
             raise bad(f"input {name!r}: binary_data_size {size!r} runs past the end of the body")
         value = from_binary(name, datatype, count, binary[:size])
-        return Tensor(name, datatype, shape, value, content_type_of(name, parameters)), size
+        return Tensor(name=name, datatype=datatype, shape=shape, value=value,
+                      content_type=content_type_of(name, parameters)), size
     if "data" not in spec:
         raise bad(f"input {name!r} has neither data nor binary_data_size")
-    return Tensor(name, datatype, shape, from_json(name, datatype, count, spec["data"]),
-                  content_type_of(name, parameters)), 0
+    return Tensor(name=name, datatype=datatype, shape=shape, value=from_json(name, datatype, count, spec["data"]),
+                  content_type=content_type_of(name, parameters)), 0
 
 
 def content_type_of(name: str, parameters: Any) -> str:

@@ -17,7 +17,7 @@ may be waiting on it, and its answer fills the cache.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from funnel.common import result_cache
 from funnel.common.contracts.wire import Reply, now_ms
@@ -43,6 +43,7 @@ class Settled:
 
     replies: list[Reply | None]
     kinds: list[str]  # each one's HIT, MISS or COALESCED
+    _: KW_ONLY
     unreadable: list[int] = field(default_factory=list)  # known, but its entry would not decode
     unanswered: list[int] = field(default_factory=list)  # its borrowed job went unanswered in time
 
@@ -84,7 +85,8 @@ class Plan:
         return [[self.items[k]] for k in asked.distinct], [None if c is None else [c] for c in contexts]
 
     def lookup(self, asked: Round, job_ids: list[str], reply_to: str, known_only: bool = False) -> CacheLookup:
-        return CacheLookup([self.idents[k] for k in asked.distinct], job_ids, reply_to, asked.read, known_only)
+        return CacheLookup(idents=[self.idents[k] for k in asked.distinct], job_ids=job_ids, reply_to=reply_to,
+                           read=asked.read, known_only=known_only)
 
 
 def x_cache(states: list[str]) -> str:

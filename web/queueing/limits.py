@@ -27,7 +27,7 @@ ANY_KEY = "*"
 FIELDS = ("rate", "burst", "concurrency")  # numbers; and "priority", a lane
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limit:
     rate: float = 0.0  # requests per second (0: none)
     burst: float = 0.0  # requests at once from a full bucket (default: one second's rate, at least 1)
@@ -68,7 +68,8 @@ def parse(text: str) -> dict[str, Limit]:
             raise ValueError(f"{source}: {label!r}'s limits must be numbers >= 0")
         if not float(values["concurrency"]).is_integer():
             raise ValueError(f"{source}: {label!r}'s concurrency must be a whole number")
-        limits[label] = Limit(float(values["rate"]), float(values["burst"]), int(values["concurrency"]), highest)
+        limits[label] = Limit(rate=float(values["rate"]), burst=float(values["burst"]),
+                              concurrency=int(values["concurrency"]), priority=highest)
     return limits
 
 

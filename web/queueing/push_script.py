@@ -63,7 +63,7 @@ def _fixed_keys(keys: Keys, model: str, version: int, owner: str, inflight: tupl
             keys.running(model, owner), *(keys.inflight(model, worker) for worker in inflight))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheLookup:
     """push.lua's part for a request's cached items, one job each (web/queueing/cache_plan.py)."""
 

@@ -55,7 +55,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import redis
 
@@ -104,6 +104,7 @@ class Capacity:
     """What a model's live workers can do, as one process last read it from the registry."""
 
     workers: tuple[str, ...]  # live worker ids (their in-flight lists count as work ahead)
+    _: KW_ONLY
     rate: float = 0.0  # items per second at full batches; 0: no worker has timed a batch yet
     item_s: float = 0.0  # a, averaged over the workers that have timed batches
     batch_s: float = 0.0  # b, likewise

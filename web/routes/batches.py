@@ -94,14 +94,15 @@ class BatchRoutes:
     def upload(self) -> Response:
         purpose = request.form.get("purpose")
         if purpose != "batch":
-            raise BadParam("purpose", "purpose must be 'batch': the only files this server keeps are batch inputs")
+            raise BadParam(param="purpose",
+                           message="purpose must be 'batch': the only files this server keeps are batch inputs")
         given = request.files.get("file")
         if given is None:
-            raise BadParam("file", "send the JSON Lines file as the multipart field 'file'")
+            raise BadParam(param="file", message="send the JSON Lines file as the multipart field 'file'")
         content = given.read()  # within FUNNEL_MAX_BODY_MB, as the request is
         lines = openai_batch.count_lines(content)
         if not 0 < lines <= self.settings.max_job_items:
-            raise BadParam("file", f"the file holds {lines} requests; a batch takes 1 to "
+            raise BadParam(param="file", message=f"the file holds {lines} requests; a batch takes 1 to "
                            f"{self.settings.max_job_items}", code="invalid_file")
         made = self.store.put_file(given.filename or "batch.jsonl", purpose, content, lines, self._caller())
         return json(openai_batch.file_object(made, self.settings.job_ttl_s))
@@ -152,27 +153,29 @@ class BatchRoutes:
             raise BadInput("the body must be a JSON object", code="bad_json")
         endpoint, window = body.get("endpoint"), body.get("completion_window")
         if endpoint not in openai_batch.ENDPOINTS:
-            raise BadParam("endpoint", f"endpoint must be one of {', '.join(openai_batch.ENDPOINTS)}")
+            raise BadParam(param="endpoint", message=f"endpoint must be one of {', '.join(openai_batch.ENDPOINTS)}")
         if window not in openai_batch.WINDOWS:
-            raise BadParam("completion_window", "completion_window must be '24h'")
+            raise BadParam(param="completion_window", message="completion_window must be '24h'")
         metadata = body.get("metadata")
         if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
                 isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
                 for k, v in metadata.items())):
-            raise BadParam("metadata", "metadata: at most 16 string keys (64 characters) and values (512)")
+            raise BadParam(param="metadata",
+                           message="metadata: at most 16 string keys (64 characters) and values (512)")
         caller = self._caller()
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str) or parse_file_id(input_file_id)[1]:
-            raise BadParam("input_file_id", "input_file_id must name an uploaded file")
+            raise BadParam(param="input_file_id", message="input_file_id must name an uploaded file")
         content = self.store.content(input_file_id, caller)
         read = openai_batch.read_file(content, endpoint, self.embeddings, self.pipeline.resolve,
                                       self.pipeline.prepare, self.settings.max_job_items)
         if read.task is None:
             first = read.rejected[0]
-            raise BadParam("input_file_id", f"no line of the file is a request to run; line {first.number}: "
-                           f"{first.message}", code="no_valid_requests")
-        description = Description(input_file_id, endpoint, window, read.task.spec.name, len(read.lines),
-                                  len(read.rejected), metadata, lines=read.lines, rejected=read.rejected)
+            raise BadParam(param="input_file_id", message=f"no line of the file is a request to run; line "
+                           f"{first.number}: {first.message}", code="no_valid_requests")
+        description = Description(input_file_id=input_file_id, endpoint=endpoint, completion_window=window,
+                                  model=read.task.spec.name, good=len(read.lines), refused=len(read.rejected),
+                                  metadata=metadata, lines=read.lines, rejected=read.rejected)
         origin = Origin(request_id=logs.REQUEST_ID.get(), traceparent=request.headers.get("traceparent", ""),
                         tracestate=request.headers.get("tracestate", ""))
         record, replayed = self.pipeline.submit_job(
