@@ -87,19 +87,26 @@ def coffee_jpeg() -> bytes:
     return jpeg_bytes(data.coffee())
 
 
-# The order the suite runs its folders in: the container images build on a thread from collection on
-# (tests/deploy/test_containers.py, Build) beside the light tests first, whose pass or failure does not
-# hang on timing; the container tests then wait for the build, and the fault and integration tests,
-# which time failovers and load, run after it with the cores to themselves.
-ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/test_containers.py", "tests/deploy/")
+# The order the suite runs its tests in. The container images build on a thread from collection on
+# (tests/deploy/test_containers.py, Build), mostly on one core (pip's downloads and installs): beside
+# it run the tests whose pass or failure does not hang on timing, the unit, browser, offline deploy
+# and integration tests. Then the container tests (which wait for the build, if it is still going),
+# and last, with the cores to themselves, the tests that time failovers, replication and load.
+CONTAINERS = "tests/deploy/test_containers.py"
+ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", "tests/integration/", CONTAINERS,
+         "tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",
+         "tests/integration/test_cluster.py", "tests/faults/")
+
+
+def rank(nodeid: str) -> int:
+    """Where a test goes in ORDER: its longest matching prefix's place (the rest last)."""
+    matching = [prefix for prefix in ORDER if nodeid.startswith(prefix)]
+    return ORDER.index(max(matching, key=len)) if matching else len(ORDER)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    def rank(item) -> int:
-        return next((i for i, prefix in enumerate(ORDER) if item.nodeid.startswith(prefix)), len(ORDER))
-
-    items.sort(key=rank)  # stable: each folder keeps its own order
-    containers = [item for item in items if item.nodeid.startswith(ORDER[2])]
+    items.sort(key=lambda item: rank(item.nodeid))  # stable: each folder keeps its own order
+    containers = [item for item in items if item.nodeid.startswith(CONTAINERS)]
     if (containers and len(containers) < len(items) and not config.option.collectonly
             and os.environ.get("FUNNEL_TEST_CONTAINERS") != "0"):
         from tests.deploy.test_containers import BUILD

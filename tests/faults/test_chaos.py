@@ -1,6 +1,6 @@
 """A short round of the chaos soak (python -m benchmarks.chaos): every fault at once, one ledger.
 
-Redis behind Sentinel, two web tiers behind nginx, two workers per model; 75 s of mixed traffic
+Redis behind Sentinel, two web tiers behind nginx, two workers per model; 50 s of mixed traffic
 (/v1 texts and images, /v2, bulk jobs, clients that hang up) while a worker is killed and one
 paused past its heartbeat, a web tier killed, the Redis primary killed and nginx restarted, each
 at a seeded moment. Then the soak's checks (benchmarks/chaos.py, Result.checks) must hold, with
@@ -16,7 +16,7 @@ from benchmarks import chaos
 from funnel.scripts.front_door import nginx_binary
 from tests.support import Outcome
 
-DURATION_S = 75.0
+DURATION_S = 50.0
 SEED = 7
 CLIENTS = 4
 CLEAR = {200, 503, 504}  # what a client may be answered while tiers die: 503 from nginx, 503/504 the web's
