@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -87,15 +90,25 @@ def coffee_jpeg() -> bytes:
     return jpeg_bytes(data.coffee())
 
 
-# The order the suite runs its tests in. The container images build on a thread from collection on
-# (tests/deploy/test_containers.py, Build), mostly on one core (pip's downloads and installs): beside
-# it run the tests whose pass or failure does not hang on timing, the unit, browser, offline deploy
-# and integration tests. Then the container tests (which wait for the build, if it is still going),
-# and last, with the cores to themselves, the tests that time failovers, replication and load.
+# The whole suite (`make test`: pytest with no paths, -k or -m) runs in two processes at once. Most tests
+# wait on the processes they start more than they compute, and leave a core idle: the tests whose
+# pass or failure does not hang on timing run in a second pytest process, the lane, started at
+# collection. The main process runs the rest in ORDER: the light tests first, beside the container
+# images' build (tests/deploy/test_containers.py, Build, mostly one core: pip's downloads and
+# installs), then the container tests (which wait for the build if it is still going), and last the
+# tests that time failovers, replication, deadlines and load, the least sensitive of them first, so
+# that the lane's end overlaps those. The lane's output is printed at the end; its failures fail the run.
 CONTAINERS = "tests/deploy/test_containers.py"
-ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", "tests/integration/", CONTAINERS,
-         "tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",
-         "tests/integration/test_cluster.py", "tests/faults/")
+ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", CONTAINERS, "tests/integration/", "tests/faults/",
+         "tests/faults/test_sentinel_failover.py", "tests/faults/test_load_shedding.py", "tests/faults/test_chaos.py")
+LANE = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults/test_batches_faults.py",
+        "tests/faults/test_grpc_messages.py", "tests/faults/test_hostile_images.py",
+        "tests/faults/test_jobs_faults.py", "tests/faults/test_non_ascii_digits.py",
+        "tests/faults/test_security.py", "tests/faults/test_v2_bodies.py")
+TIMED = ("tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",  # never in the lane
+         "tests/integration/test_cluster.py")
+LANE_ENV = "FUNNEL_TEST_LANE"  # set in the lane's process; =0 runs the whole suite in one process
+LANE_TIMEOUT_S = 1500
 
 
 def rank(nodeid: str) -> int:
@@ -104,10 +117,66 @@ def rank(nodeid: str) -> int:
     return ORDER.index(max(matching, key=len)) if matching else len(ORDER)
 
 
+def in_lane(nodeid: str) -> bool:
+    return nodeid.startswith(LANE) and not nodeid.startswith(TIMED)
+
+
+class Lane:
+    """The second pytest process: its test files, its output in a file, its exit status."""
+
+    def __init__(self, files: list[str], root: Path):
+        self.output = tempfile.NamedTemporaryFile("w+", prefix="funnel-lane-", suffix=".log", delete=False)
+        self.process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files], cwd=root,
+                                        env={**os.environ, LANE_ENV: "1"}, stdout=self.output,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def finish(self, interrupted: bool) -> tuple[int, str]:
+        try:
+            if interrupted:
+                self.process.terminate()
+            status = self.process.wait(30 if interrupted else LANE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            status = self.process.wait()
+        self.output.seek(0)
+        output = self.output.read()
+        self.output.close()
+        os.unlink(self.output.name)
+        return status, output
+
+
+LANES: list[Lane] = []
+
+
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank(item.nodeid))  # stable: each folder keeps its own order
+    whole = (config.args_source != pytest.Config.ArgsSource.ARGS and not config.option.collectonly
+             and not config.option.keyword and not config.option.markexpr)
+    if whole and os.environ.get(LANE_ENV) is None:
+        lane = [item for item in items if in_lane(item.nodeid)]
+        if lane and len(lane) < len(items):
+            items[:] = [item for item in items if not in_lane(item.nodeid)]
+            config.hook.pytest_deselected(items=lane)
+            files = sorted({item.nodeid.split("::")[0] for item in lane})
+            LANES.append(Lane(files, Path(str(config.rootpath))))
     containers = [item for item in items if item.nodeid.startswith(CONTAINERS)]
     if (containers and len(containers) < len(items) and not config.option.collectonly
             and os.environ.get("FUNNEL_TEST_CONTAINERS") != "0"):
         from tests.deploy.test_containers import BUILD
         BUILD.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for lane in LANES:
+        status, output = lane.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        session.config.lane_report = (status, output)
+        if status != 0 and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    report = getattr(config, "lane_report", None)
+    if report is not None:
+        status, output = report
+        terminalreporter.section(f"the lane: tests beside these, in a second process (exit status {status})")
+        terminalreporter.write(output)

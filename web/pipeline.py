@@ -12,11 +12,12 @@
                  step 5); the deadline from X-Request-Timeout; the
                  priority lane asked for (X-Priority, or the protocol's own parameter), at most
                  the key's highest (queueing/admission.py decides who is served, and in which lane)
-    5 enqueue    the items as one job (one per batch when more than a worker's batch), in one
-                 push script per request (queueing/outbox.py, one round trip a loop turn), which
-                 refuses a key past its limits (429), a full queue or a predicted wait past the
-                 deadline (503: the script's Verdict, queueing/admission.py), else LPUSHes onto the
-                 lane's queue
+    5 enqueue    the items, as one `Inference` (`run`), in one job (one per batch when more than a
+                 worker's batch), in one push script per request (queueing/outbox.py, one round
+                 trip a loop turn), which refuses a key past its limits (429), a full queue or a
+                 predicted wait past the deadline (503: the script's Verdict, queueing/admission.py),
+                 else LPUSHes onto the lane's queue; a cached model's items, one job per distinct
+                 item, answered from the cache where known (`_run_cached`, queueing/cache_plan.py)
     6 await      the replies, through this process's inbox (queueing/inbox.py), until the deadline;
                  a client that leaves first marks its jobs, and no worker runs them
     7 render     the adapter answers the replies, or the error, in its protocol's shape

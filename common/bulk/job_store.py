@@ -314,7 +314,7 @@ class JobStore:
         if not jobs.is_job_id(job_id):  # the id's shape is public: nothing to hide, nothing read
             raise NotFound(f"no job {job_id!r}", code="unknown_job")
         pipe = self.client.pipeline(transaction=True)
-        pipe.hmget(self.keys.job(job_id), jobs.FIELDS)  # not a batch's description: that is read apart
+        pipe.hmget(self.keys.job(job_id), jobs.FIELDS)  # not an OpenAI batch's description: read apart
         if limit:
             pipe.hmget(self.keys.job_results(job_id), list(range(offset, offset + limit)))
         values, *rest = pipe.execute()
