@@ -102,9 +102,11 @@ CONTAINERS = "tests/deploy/test_containers.py"
 ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", CONTAINERS, "tests/integration/", "tests/faults/",
          "tests/faults/test_sentinel_failover.py", "tests/faults/test_load_shedding.py", "tests/faults/test_chaos.py")
 LANE = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults/test_batches_faults.py",
-        "tests/faults/test_grpc_messages.py", "tests/faults/test_hostile_images.py",
-        "tests/faults/test_jobs_faults.py", "tests/faults/test_non_ascii_digits.py",
-        "tests/faults/test_security.py", "tests/faults/test_v2_bodies.py")
+        "tests/faults/test_client_leaves.py", "tests/faults/test_grpc_messages.py",
+        "tests/faults/test_grpc_restarts.py", "tests/faults/test_hostile_images.py",
+        "tests/faults/test_jobs_faults.py", "tests/faults/test_multiplex_faults.py",
+        "tests/faults/test_non_ascii_digits.py", "tests/faults/test_security.py", "tests/faults/test_upgrade.py",
+        "tests/faults/test_v2_bodies.py", "tests/faults/test_web_shutdown.py", "tests/faults/test_worker_crash.py")
 TIMED = ("tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",  # never in the lane
          "tests/integration/test_cluster.py")
 LANE_ENV = "FUNNEL_TEST_LANE"  # set in the lane's process; =0 runs the whole suite in one process
