@@ -238,8 +238,8 @@ def environments(variants: list[tuple[str, dict[str, str]]], folder: Path,
         if "COMMIT" in env or "SNAPSHOT" in env or "HOOKS" in env:
             commit = env.get("COMMIT")
             if commit is not None:
-                resolved = subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True,
-                                          text=True, check=True).stdout.strip()
+                resolved = subprocess.run(["git", "rev-parse", "--short", f"{commit}^{{commit}}"], cwd=ROOT,
+                                          capture_output=True, text=True, check=True).stdout.strip()
                 commits.append(f"COMMIT={commit} is {resolved}")
             which = (commit, "HOOKS" not in env)
             if which not in made:
