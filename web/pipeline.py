@@ -370,7 +370,9 @@ class Pipeline:
         A cached model's items go through the cache instead (`_run_cached`), which also gives each
         item's cache state (hit, miss, coalesced; else [])."""
         capacity, known_only = self._capacity(request)
-        request = replace(request, contexts=carried(request, capacity))
+        contexts = carried(request, capacity)
+        if contexts is not request.contexts:  # raw rows carry none
+            request = replace(request, contexts=contexts)
         if request.cache.on:
             return await self._run_cached(request, capacity, known_only)
         parts = job_parts(request.items, request.contexts, job_size(capacity, len(request.items)))
@@ -433,7 +435,8 @@ class Pipeline:
         model, version, trace = request.model, request.version, request.trace
         timeout_s, items = request.left_s(), sum(map(len, parts[0]))
         waiter = self.inbox.expect(model, ids)  # before the push: no reply can come unclaimed
-        messages = [encode_job(Job(id=job_id, model=model, items=part, reply_to=self.inbox.key(model),
+        reply_to = self.inbox.key(model)
+        messages = [encode_job(Job(id=job_id, model=model, items=part, reply_to=reply_to,
                                    deadline=request.deadline, raw=request.raw, version=version, trace=trace.traceparent,
                                    request_id=request.origin.request_id,
                                    priority="" if request.lane == priority.NORMAL else request.lane,

@@ -28,6 +28,7 @@ from funnel.web.queueing.push_script import CacheLookup
 HIT, MISS, COALESCED = "hit", "miss", "coalesced"  # an item's answer: known; computed for it; for another
 GRACE_MS = 250  # past a borrowed job's deadline: a worker that took it just in time answers soon after
 
+
 @dataclass(frozen=True)
 class Round:
     """Distinct items of a plan asked in one push (their indices), and whether to read their entries
