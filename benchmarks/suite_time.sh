@@ -30,7 +30,7 @@ SECONDS_TAKEN=$(( $(date +%s) - START ))
     echo
     echo "**$SECONDS_TAKEN s** ($(( SECONDS_TAKEN / 60 )) min $(( SECONDS_TAKEN % 60 )) s), exit status $STATUS."
     echo
-    echo "The two pytest processes (the lane's line first):"
+    echo "The two pytest processes (the second process's line first):"
     echo
     echo '```'
     grep -E "^=+ .*(passed|failed).* in [0-9.]+s" "$LOG" || true

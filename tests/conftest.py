@@ -92,25 +92,25 @@ def coffee_jpeg() -> bytes:
 
 # The whole suite (`make test`: pytest with no paths, -k or -m) runs in two processes at once. Most tests
 # wait on the processes they start more than they compute, and leave a core idle: the tests whose
-# pass or failure does not hang on timing run in a second pytest process, the lane, started at
-# collection. The main process runs the rest in ORDER: the light tests first, beside the container
-# images' build (tests/deploy/test_containers.py, Build, mostly one core: pip's downloads and
-# installs), then the container tests (which wait for the build if it is still going), and last the
-# tests that time failovers, replication, deadlines and load: the least sensitive first, beside the
-# lane's end, then QUIET's, each once the lane has ended. The lane's output is printed at the end;
-# its failures fail the run.
+# pass or failure does not hang on timing (UNTIMED) run in a second pytest process, started at
+# collection. The main process runs the rest in ORDER, with the container images' build
+# (tests/deploy/test_containers.py, Build, mostly one core: pip's downloads and installs) on a thread
+# from collection on: the light tests first, then the tests that time failovers, replication and
+# deadlines, the least sensitive first; the container tests once the build has had all of that to
+# finish in; last QUIET's, each once the second process has ended. The second process's output is
+# printed at the end; its failures fail the run.
 CONTAINERS = "tests/deploy/test_containers.py"
-QUIET = ("tests/faults/test_load_shedding.py", "tests/faults/test_redis_outage.py",  # after the lane has ended
+QUIET = ("tests/faults/test_load_shedding.py", "tests/faults/test_redis_outage.py",  # after the second process
          "tests/faults/test_sentinel_failover.py", "tests/faults/test_chaos.py")
-ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", CONTAINERS, "tests/integration/", "tests/faults/", *QUIET)
-LANE = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults/test_batches_faults.py",
-        "tests/faults/test_grpc_messages.py", "tests/faults/test_hostile_images.py",
-        "tests/faults/test_jobs_faults.py", "tests/faults/test_non_ascii_digits.py",
-        "tests/faults/test_security.py", "tests/faults/test_v2_bodies.py")
-TIMED = ("tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",  # never in the lane
+ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", "tests/integration/", "tests/faults/", CONTAINERS, *QUIET)
+UNTIMED = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults/test_batches_faults.py",
+           "tests/faults/test_grpc_messages.py", "tests/faults/test_hostile_images.py",
+           "tests/faults/test_jobs_faults.py", "tests/faults/test_non_ascii_digits.py",
+           "tests/faults/test_security.py", "tests/faults/test_v2_bodies.py")
+TIMED = ("tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",  # never in the second process
          "tests/integration/test_cluster.py")
-LANE_ENV = "FUNNEL_TEST_LANE"  # set in the lane's process; =0 runs the whole suite in one process
-LANE_TIMEOUT_S = 1500
+PROCESSES_ENV = "FUNNEL_TEST_PROCESSES"  # =1 runs the whole suite in one process (the second process has it)
+SECOND_TIMEOUT_S = 1500
 
 
 def rank(nodeid: str) -> int:
@@ -119,23 +119,23 @@ def rank(nodeid: str) -> int:
     return ORDER.index(max(matching, key=len)) if matching else len(ORDER)
 
 
-def in_lane(nodeid: str) -> bool:
-    return nodeid.startswith(LANE) and not nodeid.startswith(TIMED)
+def untimed(nodeid: str) -> bool:
+    return nodeid.startswith(UNTIMED) and not nodeid.startswith(TIMED)
 
 
-class Lane:
+class SecondProcess:
     """The second pytest process: its test files, its output in a file, its exit status."""
 
     def __init__(self, files: list[str], root: Path):
-        self.output = tempfile.NamedTemporaryFile("w+", prefix="funnel-lane-", suffix=".log", delete=False)
+        self.output = tempfile.NamedTemporaryFile("w+", prefix="funnel-second-", suffix=".log", delete=False)
         self.process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files], cwd=root,
-                                        env={**os.environ, LANE_ENV: "1"}, stdout=self.output,
+                                        env={**os.environ, PROCESSES_ENV: "1"}, stdout=self.output,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait(self) -> None:
-        """Until the lane's process ends (its status is read at the session's end)."""
+        """Until the process ends (its status is read at the session's end)."""
         try:
-            self.process.wait(LANE_TIMEOUT_S)
+            self.process.wait(SECOND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass  # finish kills it
 
@@ -143,7 +143,7 @@ class Lane:
         try:
             if interrupted:
                 self.process.terminate()
-            status = self.process.wait(30 if interrupted else LANE_TIMEOUT_S)
+            status = self.process.wait(30 if interrupted else SECOND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             status = self.process.wait()
@@ -154,20 +154,20 @@ class Lane:
         return status, output
 
 
-LANES: list[Lane] = []
+SECOND: list[SecondProcess] = []
 
 
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank(item.nodeid))  # stable: each folder keeps its own order
     whole = (config.args_source != pytest.Config.ArgsSource.ARGS and not config.option.collectonly
              and not config.option.keyword and not config.option.markexpr)
-    if whole and os.environ.get(LANE_ENV) is None:
-        lane = [item for item in items if in_lane(item.nodeid)]
-        if lane and len(lane) < len(items):
-            items[:] = [item for item in items if not in_lane(item.nodeid)]
-            config.hook.pytest_deselected(items=lane)
-            files = sorted({item.nodeid.split("::")[0] for item in lane})
-            LANES.append(Lane(files, Path(str(config.rootpath))))
+    if whole and os.environ.get(PROCESSES_ENV) != "1":
+        second = [item for item in items if untimed(item.nodeid)]
+        if second and len(second) < len(items):
+            items[:] = [item for item in items if not untimed(item.nodeid)]
+            config.hook.pytest_deselected(items=second)
+            files = sorted({item.nodeid.split("::")[0] for item in second})
+            SECOND.append(SecondProcess(files, Path(str(config.rootpath))))
     containers = [item for item in items if item.nodeid.startswith(CONTAINERS)]
     if (containers and len(containers) < len(items) and not config.option.collectonly
             and os.environ.get("FUNNEL_TEST_CONTAINERS") != "0"):
@@ -177,21 +177,21 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_runtest_setup(item):
     if item.nodeid.startswith(QUIET):
-        for lane in LANES:
-            lane.wait()
+        for second in SECOND:
+            second.wait()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for lane in LANES:
-        status, output = lane.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
-        session.config.lane_report = (status, output)
+    for second in SECOND:
+        status, output = second.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        session.config.second_report = (status, output)
         if status != 0 and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    report = getattr(config, "lane_report", None)
+    report = getattr(config, "second_report", None)
     if report is not None:
         status, output = report
-        terminalreporter.section(f"the lane: tests beside these, in a second process (exit status {status})")
+        terminalreporter.section(f"the second process: the untimed tests, beside these (exit status {status})")
         terminalreporter.write(output)
