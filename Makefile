@@ -27,14 +27,15 @@ test: models
 test-fast: models
 	$(PY) -m pytest tests/unit
 
-# Ruff (lint + import order) on everything, mypy on the three packages, and the import contract
-# between the tiers (import-linter, pyproject.toml's [tool.importlinter]). mypy reads the packages
-# under their installed names (funnel.common, ...) through a tree of links in .lint/.
+# Ruff (lint + import order) on everything, mypy on the public names (funnel) and the three packages, and the
+# import contract between the tiers (import-linter, pyproject.toml's [tool.importlinter]). Both read the
+# packages under their installed names (funnel.common, ...) through a tree of links in .lint/.
 lint: install
 	$(VENV)/bin/ruff check .
-	@mkdir -p .lint/funnel && for p in common web worker; do ln -sfn ../../$$p .lint/funnel/$$p; done
-	cd .lint && MYPYPATH=. ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p funnel.common -p funnel.web -p funnel.worker
-	$(VENV)/bin/lint-imports
+	@mkdir -p .lint/funnel && for p in common web worker scripts; do ln -sfn ../../$$p .lint/funnel/$$p; done
+	@ln -sfn ../../sdk/__init__.py .lint/funnel/__init__.py
+	cd .lint && MYPYPATH=. ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p funnel.common -p funnel.web -p funnel.worker -m funnel
+	cd .lint && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
 
 # Funnel against service-streamer, LitServe, plain Flask, infinity and Ray Serve (benchmarks/README.md), both models,
 # both comparisons; about 70 minutes on 2 cores. The peers (pyproject's bench extra) are installed

@@ -153,8 +153,7 @@ def answers_of(spec: ModelSpec, items: list, device: str) -> dict[str, np.ndarra
 
     task = tasks.load(spec)
     model = backends.load(spec, "torch", device)
-    out = model.run(task.collate(items))
-    rows = [task.postprocess({name: values[i] for name, values in out.items()}) for i in range(len(items))]
+    rows = [task.postprocess(row) for row in model.run(task.collate(items))]
     del model
     gc.collect()
     if device.startswith("cuda"):

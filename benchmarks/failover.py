@@ -256,7 +256,7 @@ def in_process(model_store: str | Path) -> Embed:
 
     spec = load_spec(str(model_store), MODEL)
     model, task = load(spec, "onnx", "cpu"), tasks.load(spec)
-    return lambda texts: {t: model.run(task.collate([task.preprocess(t)]))["embedding"][0] for t in texts}
+    return lambda texts: {t: model.run(task.collate([task.preprocess(t)]))[0]["embedding"] for t in texts}
 
 
 def _s(seconds: float | None) -> str:

@@ -43,11 +43,13 @@ class Paced:
 
     def __init__(self, inner, batch_s: float, item_s: float):
         self.inner, self.batch_s, self.item_s = inner, batch_s, item_s
-        self.input_names, self.output_names = inner.input_names, inner.output_names
         self.description = f"{inner.description}, paced {batch_s * 1000:g} ms + {item_s * 1000:g} ms per item"
         self.busy_s, self.runs, self.items, self.model_cpu_s = 0.0, 0, 0, 0.0
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def close(self) -> None:
+        self.inner.close()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[dict]:
         started, cpu = time.perf_counter(), time.thread_time()
         outputs = self.inner.run(feeds)
         self.model_cpu_s += time.thread_time() - cpu

@@ -88,6 +88,15 @@ class InferenceFailed(FunnelError):
     status, code = 500, "inference_failed"
 
 
-# Error codes a worker may put in a reply, and the HTTP status each becomes.
+# Error codes a worker may put in a reply, and the HTTP status each becomes (a reply may name its
+# own: a task's exception in `predict`, common/tasks/base.py).
 REPLY_STATUS = {"bad_input": 400, "deadline_exceeded": 504, "too_many_attempts": 500,
-                "inference_failed": 500, "bad_job": 500, "model_unavailable": 503}
+                "inference_failed": 500, "bad_job": 500, "model_unavailable": 503, "predict_timeout": 504}
+
+
+def reply_status(error: dict) -> int:
+    """The HTTP status of a worker's error reply: the one it names (400-599), else its code's."""
+    status = error.get("status")
+    if type(status) is int and 400 <= status <= 599:
+        return status
+    return REPLY_STATUS.get(error.get("code", ""), 500)

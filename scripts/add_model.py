@@ -1,15 +1,18 @@
-"""`funnel add`: put your own ONNX or TorchScript model into the model store, with its task.
+"""`funnel add`: put your own model into the model store, with its task.
 
+    funnel add NAME --task mypackage.tasks:Embedder [--file weights=my-model/ ...]
     funnel add NAME --task mypackage.tasks:Detector --onnx detector.onnx [--torchscript detector.pt]
                [--file labels=labels.txt ...] [--set top_k=3 ...] [--batch-size 16]
                [--description TEXT] [--version N] [--store model_store]
 
-The task is a funnel.common.tasks.Task subclass in a package of yours,
-importable where the web tier and the workers run (or the name of a
-registered task). Its exported graph takes the arrays the task's `collate`
-gives (named as the graph's inputs) and returns outputs with one row per item.
-`--file KEY=PATH` copies a file the task reads into the folder and records it
-under KEY (the task opens it with `self.spec.file(KEY)`); `--set KEY=VALUE`
+The task is a funnel.Task subclass in a package of yours, importable where the
+web tier and the workers run (or the name of a registered task). A task with
+`load` and `predict` runs its model in Python and needs no graph: its files
+(weights, a fitted estimator) go in with --file. Otherwise the exported graph
+takes the arrays the task's `collate` gives (named as the graph's inputs) and
+returns outputs with one row per item.
+`--file KEY=PATH` copies a file or a folder the task reads into the model's folder
+and records it under KEY (the task opens it at `self.spec.file(KEY)`); `--set KEY=VALUE`
 adds a JSON value to model.json for the task to read from `self.spec.config`.
 `--version N` adds the model as version N (`<store>/NAME/N/`), beside its
 other versions (a model added without versions becomes version 1, in `NAME/1/`);
@@ -62,18 +65,21 @@ def build(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         feeds, outputs = graph_names(folder / "model.onnx")
     else:
         feeds, outputs = args.feeds, args.outputs
-        if not feeds or not outputs:
+        if args.torchscript and not (feeds and outputs):
             raise SystemExit("funnel add: a TorchScript model alone needs --feeds and --outputs "
                              "(the names of its inputs in call order, and of its outputs)")
     if args.torchscript:
         shutil.copy(args.torchscript, folder / "model.pt")
         meta["torchscript"] = "model.pt"
-    meta.update(feeds=feeds, outputs=outputs)
+    meta.update({k: v for k, v in (("feeds", feeds), ("outputs", outputs)) if v})
     for key, path in key_values(args.file, "--file").items():
         source = Path(path)
-        if not source.is_file():
-            raise SystemExit(f"funnel add: --file {key}={path}: no such file")
-        shutil.copy(source, folder / source.name)
+        if source.is_dir():
+            shutil.copytree(source, folder / source.name)
+        elif source.is_file():
+            shutil.copy(source, folder / source.name)
+        else:
+            raise SystemExit(f"funnel add: --file {key}={path}: no such file or folder")
         meta[key] = source.name
     for key, value in key_values(args.set, "--set").items():
         try:
@@ -98,9 +104,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--feeds", type=lambda s: s.split(","), default=[],
                    help="TorchScript only: input names in call order, comma-separated")
     p.add_argument("--outputs", type=lambda s: s.split(","), default=[],
-                   help="TorchScript only: output names, comma-separated")
+                   help="TorchScript: output names, comma-separated; Python: the name of the one output "
+                        "predict's rows carry when they are not dicts (default: output)")
     p.add_argument("--file", action="append", default=[], metavar="KEY=PATH",
-                   help="a file the task reads (labels, a vocabulary), copied in")
+                   help="a file or folder the task reads (labels, weights, a fitted model), copied in")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model.json field for the task (a JSON value, or a string)")
     p.add_argument("--batch-size", type=int, default=16, help="the workers' default batch size")
@@ -123,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         check_name(args.name)
         if args.version is not None:
             check_version(args.version)
-        tasks.task_class(args.task)  # fail here, not when the web tier starts
+        in_python = tasks.task_class(args.task).in_python()  # fail here, not when the web tier starts
     except ValueError as exc:
         raise SystemExit(f"funnel add: {exc}") from None
-    if not (args.onnx or args.torchscript):
-        raise SystemExit("funnel add: give --onnx, --torchscript, or both")
+    if not (args.onnx or args.torchscript or in_python):
+        raise SystemExit("funnel add: give --onnx, --torchscript, or both (or a task with load and predict, "
+                         "which runs its model in Python)")
     for path in (args.onnx, args.torchscript):
         if path is not None and not path.is_file():
             raise SystemExit(f"funnel add: no such file: {path}")

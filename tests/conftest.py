@@ -100,8 +100,8 @@ def coffee_jpeg() -> bytes:
 # finish in; last QUIET's, each once the second process has ended. The second process's output is
 # printed at the end; its failures fail the run.
 CONTAINERS = "tests/deploy/test_containers.py"
-QUIET = ("tests/faults/test_load_shedding.py", "tests/faults/test_redis_outage.py",  # after the second process
-         "tests/faults/test_sentinel_failover.py", "tests/faults/test_chaos.py")
+QUIET = ("tests/faults/test_no_worker.py", "tests/faults/test_load_shedding.py",  # after the second process
+         "tests/faults/test_redis_outage.py", "tests/faults/test_sentinel_failover.py", "tests/faults/test_chaos.py")
 ORDER = ("tests/unit/", "tests/browser/", "tests/deploy/", "tests/integration/", "tests/faults/", CONTAINERS, *QUIET)
 UNTIMED = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults/test_batches_faults.py",
            "tests/faults/test_grpc_messages.py", "tests/faults/test_hostile_images.py",

@@ -100,6 +100,14 @@ def outside_env() -> dict:
     return {**os.environ, "PYTHONPATH": str(PACKAGE_DIR)}
 
 
+def outside_stack(store: Path):
+    """A stack of the store whose web tier and workers import the outside packages (PYTHONPATH names them)."""
+    from funnel.scripts.stack import Stack
+
+    env = {"PYTHONPATH": str(PACKAGE_DIR)}
+    return Stack(model_store=store, web_env=env, worker_env=env)
+
+
 def funnel(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(Path(sys.executable).parent / "funnel"), *args], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -118,6 +126,17 @@ def add_toy(store: Path, work: Path, name: str, task: str = "toyscore.tasks:Vect
     (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
     return funnel("add", name, "--store", str(store), "--task", task, *graph,
                   "--file", f"labels={work / 'classes.txt'}", "--set", "dim=4", *extra, env=outside_env())
+
+
+def add_python(store: Path, work: Path, name: str, *extra: str) -> None:
+    """`funnel add` the PythonScore variant: the scorer run in Python, its W and b in an .npz, no graph."""
+    w, b = weights()
+    np.savez(work / "toy-weights.npz", w=w, b=b)
+    (work / "classes.txt").write_text("\n".join(LABELS) + "\n")
+    done = funnel("add", name, "--store", str(store), "--task", "toyscore.tasks:PythonScore",
+                  "--file", f"weights={work / 'toy-weights.npz'}", "--file", f"labels={work / 'classes.txt'}",
+                  "--set", "dim=4", "--outputs", "scores", *extra, env=outside_env())
+    assert done.returncode == 0, done.stderr
 
 
 def add_paced(store: Path, work: Path, name: str, batch_s: float, item_s: float = 0.0,

@@ -51,7 +51,6 @@ from funnel.common.contracts import priority
 from funnel.common.contracts.keys import Keys
 from funnel.common.contracts.wire import CONTEXT_FORMAT, Job, Reply, WireError, check_context, encode_job, now_ms
 from funnel.common.errors import (
-    REPLY_STATUS,
     FunnelError,
     NotFound,
     NotReplicated,
@@ -59,6 +58,7 @@ from funnel.common.errors import (
     Timeout,
     Unavailable,
     queue_unavailable,
+    reply_status,
 )
 from funnel.common.link import lua_scripts
 from funnel.common.observability import tracing
@@ -579,4 +579,4 @@ def reply_error(reply: Reply, index: int, count: int) -> FunnelError:
     code, message = error.get("code", "inference_failed"), error.get("message", "")
     if count > 1 and index >= 0:
         message = f"item {index}: {message}"
-    return FunnelError(message, code=code, status=REPLY_STATUS.get(code, 500))
+    return FunnelError(message, code=code, status=reply_status(error))

@@ -1,37 +1,53 @@
-"""Inference backends: named numpy feeds in, named numpy outputs out.
+"""Inference backends: a batch's feeds in, one row per item out (its named outputs).
 
-ONNX Runtime (CUDA provider from onnxruntime-gpu on cuda:N, CPU otherwise) or
-PyTorch running the frozen TorchScript export. Both take the same feeds, so
-the worker core never knows which one it runs. fp16 models
-(`prepare_model.py --half`) are meant for CUDA; both backends still run them
-on the CPU, slowly.
+A task that defines `load` and `predict` runs in Python, in a process of its
+own (worker/model_process.py). Otherwise the graph model.json names: ONNX
+Runtime (CUDA provider from onnxruntime-gpu on cuda:N, CPU otherwise) or
+PyTorch running the frozen TorchScript export, both fed the same feeds. The
+worker core never knows which one it runs. fp16 graphs
+(`prepare_model.py --half`) are meant for CUDA; both graph backends still run
+them on the CPU, slowly.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from funnel.common import tasks
 from funnel.common.store import ModelSpec
 from funnel.worker.cores import CoreLock
+from funnel.worker.model_process import ModelProcess
 
 log = logging.getLogger(__name__)
 
+Row = dict[str, Any]  # one item's outputs, by name: what its task's postprocess takes
+
 
 class Backend(Protocol):
-    """What the worker runs a batch with: named numpy feeds in, named numpy outputs out.
+    """What the worker runs a batch with: the batch's feeds in, one row per item out, in order."""
 
-    Every output has one row per item of the batch (batch.split checks).
-    """
-
-    input_names: list[str]
-    output_names: list[str]
     description: str  # for logs: library, version, device
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[Row]: ...
+
+    def close(self) -> None:
+        """Let the model go (unloaded to make room): what it holds is freed."""
+
+
+def rows(outputs: Mapping[str, np.ndarray], n: int) -> list[Row]:
+    """A graph's outputs, each with one row per item, as each item's row."""
+    for name, value in outputs.items():
+        if len(value) != n:
+            raise RuntimeError(f"model returned {len(value)} rows of {name!r} for {n} inputs")
+    return [{name: value[i] for name, value in outputs.items()} for i in range(n)]
+
+
+def _count(feeds: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(feeds.values())))
 
 
 def _cuda_index(device: str) -> int | None:
@@ -96,13 +112,19 @@ class OnnxBackend:
                              + (f", {threads} threads, a lone item on all the cores while no other worker on "
                                 f"them runs ({core_lock})" if self.cores else ""))
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[Row]:
+        return rows(self.outputs(feeds), _count(feeds))
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.io_binding:
             return self._run_bound(feeds)
         if self.cores is None:
             return self._run(self.session, feeds)
-        with self.cores.run(lone=len(next(iter(feeds.values()))) == 1) as alone:
+        with self.cores.run(lone=_count(feeds) == 1) as alone:
             return self._run(self.whole if alone else self.session, feeds)
+
+    def close(self) -> None:
+        pass  # the sessions go with the last reference
 
     def _run(self, session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs = session.run(self.output_names, {n: feeds[n] for n in self.input_names})
@@ -139,7 +161,13 @@ class TorchBackend:
         self.output_names = list(spec.config["outputs"])
         self.description = f"torch {torch.__version__} {self.device}"
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[Row]:
+        return rows(self.outputs(feeds), _count(feeds))
+
+    def close(self) -> None:
+        pass  # the module goes with the last reference
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self.torch
         with torch.inference_mode(), torch.jit.optimized_execution(self.optimize):
             args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
@@ -162,18 +190,29 @@ class PowerOfTwoBatches:
 
     def __init__(self, inner: Backend):
         self.inner = inner
-        self.input_names, self.output_names = inner.input_names, inner.output_names
         self.description = inner.description + ", batches padded to powers of two"
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = len(next(iter(feeds.values())))
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[Row]:
+        n = _count(feeds)
         extra = (1 << (n - 1).bit_length()) - n
         if extra:
             feeds = {k: np.concatenate([v, np.repeat(v[-1:], extra, axis=0)]) for k, v in feeds.items()}
-        return {k: v[:n] for k, v in self.inner.run(feeds).items()}
+        return self.inner.run(feeds)[:n]
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
+
+
+def name(spec: ModelSpec, backend: str) -> str:
+    """What runs the model: "python" for a task with load and predict, else the graph backend asked for
+    (also for a task that does not import: its load fails, and says why, where loads are reported)."""
+    try:
+        return "python" if tasks.task_class(spec.task).in_python() else backend
+    except ValueError:
+        return backend
 
 
 def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning: bool = True,
@@ -182,9 +221,15 @@ def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning:
         from funnel.worker.device import cuda_devices
 
         device = (cuda_devices(backend) or ["cpu"])[0]
-    model = (OnnxBackend(spec, device, threads, spinning, core_lock=core_lock) if backend == "onnx"
-             else BACKENDS[backend](spec, device, threads, spinning))
-    if _cuda_index(device) is not None:
+    backend = name(spec, backend)
+    model: Backend
+    if backend == "python":
+        model = ModelProcess(spec, device, threads)
+    elif backend == "onnx":
+        model = OnnxBackend(spec, device, threads, spinning, core_lock=core_lock)
+    else:
+        model = BACKENDS[backend](spec, device, threads, spinning)
+    if _cuda_index(device) is not None and backend != "python":
         model = PowerOfTwoBatches(model)
     log.info("loaded %s with %s", spec.name, model.description)
     return model

@@ -8,8 +8,11 @@ A job holds one request's items (common/contracts/wire.py); the batch runs the i
 all its jobs, in runs of at most the batch size. Failures stay with their own
 job: a job that does not decode, or is not for this worker's model and version,
 goes to the dead-letter list, a job with a bad item gets its own error reply,
-and if a run fails as a whole (or its feeds could not be collated), each of its
-items is run alone so that only the culprit's job fails, naming the item.
+and if a run fails as a whole (or its feeds could not be collated), its halves
+are run again, and theirs, until the items at fault are found: only the
+culprits' jobs fail, each naming its item, and the others are answered. A run
+the model's process could not finish (worker/model_process.py: it timed out or
+died) is not run again in parts; its items fail with it.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from funnel.common.contracts.keys import Keys
 from funnel.common.contracts.wire import Job, Reply, WireError, decode_job, now_ms, peek_job
 from funnel.common.errors import FunnelError
 from funnel.common.tasks import Inputs, Task
-from funnel.worker.backend import Backend
+from funnel.worker.backend import Backend, Row
+from funnel.worker.model_process import Abandoned
 
 log = logging.getLogger(__name__)
-
-Outputs = dict[str, np.ndarray]
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Batch:
     jobs: list[Job] = field(default_factory=list)  # decoded, for this model and version, not expired
     runnable: list[Job] = field(default_factory=list)  # those whose items all passed the task's check
     items: list[Inputs] = field(default_factory=list)  # the runnable jobs' items, in order: what runs
-    rows: list[Outputs | Exception] = field(default_factory=list)  # each item's row once run (or its fault)
+    rows: list[Row | Exception] = field(default_factory=list)  # each item's row once run (or its fault)
     runs: list[Run] = field(default_factory=list)
     replies: list[tuple[str, Reply]] = field(default_factory=list)  # (reply key, reply)
     dead: list[bytes] = field(default_factory=list)
@@ -129,38 +131,55 @@ def collate(batch: Batch, task: Task, worker_id: str, version: int = 1, batch_si
             try:
                 feeds: dict[str, np.ndarray] | None = task.collate([batch.items[i] for i in group])
             except Exception:
-                log.exception("collating %d items failed; running them one by one", len(group))
+                log.exception("collating %d items failed; running them in parts", len(group))
                 feeds = None
             batch.runs.append(Run(group, feeds))
     batch.collate_ms = (time.perf_counter() - clock) * 1000
 
 
-def split(outputs: Outputs, n: int) -> list[Outputs]:
-    for name, value in outputs.items():
-        if len(value) != n:
-            raise RuntimeError(f"model returned {len(value)} rows of {name!r} for {n} inputs")
-    return [{name: value[i] for name, value in outputs.items()} for i in range(n)]
+def _run_once(items: list[Inputs], task: Task, backend: Backend, feeds: dict[str, np.ndarray] | None = None
+              ) -> list[Row]:
+    rows = backend.run(task.collate(items) if feeds is None else feeds)
+    if len(rows) != len(items):
+        raise RuntimeError(f"the model answered {len(rows)} rows for {len(items)} items")
+    return rows
 
 
-def _alone(item: Inputs, task: Task, backend: Backend) -> Outputs | Exception:
-    try:
-        return split(backend.run(task.collate([item])), 1)[0]
-    except Exception as exc:  # this item alone is at fault
-        return exc
+def _in_parts(items: list[Inputs], task: Task, backend: Backend) -> list[Row | Exception]:
+    """After a run of these items failed: each half run again, and a half that fails split again, down to
+    the items at fault (a run each for the others' halves, about 2 log2(n) runs for one culprit)."""
+    if len(items) == 1:
+        try:
+            return _run_once(items, task, backend)  # type: ignore[return-value]
+        except Exception as exc:  # this item alone is at fault
+            return [exc]
+    done: list[Row | Exception] = []
+    for part in (items[:len(items) // 2], items[len(items) // 2:]):
+        try:
+            done += _run_once(part, task, backend)
+        except Abandoned as exc:
+            done += [exc] * len(part)
+        except Exception:
+            done += _in_parts(part, task, backend)
+    return done
 
 
 def run(batch: Batch, task: Task, backend: Backend) -> None:
     """Run the model once per run of the batch, keeping each item's row (or the exception that was its fault)."""
     clock = time.perf_counter()
-    rows: list[Outputs | Exception] = [RuntimeError("not run")] * len(batch.items)
+    rows: list[Row | Exception] = [RuntimeError("not run")] * len(batch.items)
     for run_ in batch.runs:
+        items = [batch.items[i] for i in run_.items]
         try:
             if run_.feeds is None:
                 raise RuntimeError("its feeds could not be collated")
-            done: list[Outputs | Exception] = list(split(backend.run(run_.feeds), len(run_.items)))
+            done: list[Row | Exception] = list(_run_once(items, task, backend, run_.feeds))
+        except Abandoned as exc:
+            log.error("a run of %d items was abandoned: %s", len(items), exc)
+            done = [exc] * len(items)
         except Exception:
-            log.exception("a run of %d items failed; running them one by one", len(run_.items))
-            done = [_alone(batch.items[i], task, backend) for i in run_.items]
+            log.exception("a run of %d items failed; running it again in parts", len(items))
+            done = _in_parts(items, task, backend)
         for i, row in zip(run_.items, done):
             rows[i] = row
         run_.feeds = None  # the inputs are not needed past the run
@@ -187,6 +206,9 @@ def finish(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
                 # goes to postprocess only, and only to a task that keeps one.
                 results.append(row if job.raw else task.postprocess(row) if context is None
                                else task.postprocess(row, context))
+        except FunnelError as exc:  # the task's own: its code and status
+            reply.ok, reply.item = False, len(results)
+            reply.error = {"code": exc.code, "message": exc.message, "status": exc.status}
         except Exception as exc:
             reply.ok, reply.item = False, len(results)
             reply.error = {"code": "inference_failed", "message": f"{type(exc).__name__}: {exc}"}

@@ -83,7 +83,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> None:
 
 def describe(settings: WorkerSettings, spec: ModelSpec, device: str) -> dict:
     """A worker's registry fields for one model version (common/contracts/registry.py's INFO_FIELDS)."""
-    return {"model": spec.name, "version": spec.version, "backend": settings.backend, "device": device,
+    return {"model": spec.name, "version": spec.version, "backend": backends.name(spec, settings.backend),
+            "device": device,
             "batch_size": settings.batch_size or spec.batch_size, "linger_ms": settings.linger_ms, "lanes": 1,
             "wire": JOB_FORMAT}
 

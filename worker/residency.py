@@ -196,6 +196,8 @@ class Residency:
             victims.append(idle[0])
 
     def _unload(self, model: Model) -> None:
+        if model.loaded is not None:
+            model.loaded.backend.close()  # a model run in Python: its process ends, its memory freed
         model.loaded, model.state = None, "cold"
         model.stats.add(evictions=1)
         log.info("unloaded %s version %d to make room", model.spec.name, model.spec.version)

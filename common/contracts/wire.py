@@ -379,7 +379,7 @@ class Reply:
     ok: bool
     outputs: dict[str, Any] | None = None  # tensors or plain msgpack values: a one-item job's
     items: list[dict[str, Any]] | None = None  # the outputs of each item of a job of several, in its order
-    error: dict[str, str] | None = None  # {code, message}
+    error: dict[str, Any] | None = None  # {code, message}, and status (400-599) when it names its own
     worker: str = ""
     batch_size: int = 0
     queue_ms: float = 0.0
@@ -417,6 +417,8 @@ def encode_reply(reply: Reply) -> bytes:
     else:
         error = reply.error or {}
         obj["error"] = {"code": str(error.get("code", "")), "message": str(error.get("message", ""))}
+        if error.get("status"):
+            obj["error"]["status"] = int(error["status"])
         if reply.item >= 0:
             obj["item"] = reply.item
     return _pack(obj)
@@ -444,6 +446,8 @@ def decode_reply(data: Any) -> Reply:
         error = _field(obj, "error", dict)
         if not isinstance(error.get("code"), str) or not isinstance(error.get("message"), str):
             raise WireError("error must be a map of code and message strings")
+        if "status" in error and not (type(error["status"]) is int and 400 <= error["status"] <= 599):
+            raise WireError(f"an error's status must be an HTTP error status, got {error['status']!r}")
     return Reply(
         id=_field(obj, "id", str), ok=ok, outputs=outputs, items=items, error=error,
         worker=_field(obj, "worker", str), batch_size=_field(obj, "batch_size", int),

@@ -1,13 +1,15 @@
 """The Task interface: what turns a request's items into tensors, and a model's rows into results.
 
-A served model is a model store folder (model.json, the exported graph, its
-files) plus a Task. One Task instance is built per served model, in the web
-tier and in each worker, from the model's spec; every hook is declared here
-once, required or with its default.
+A served model is a model store folder (model.json and its files) plus a Task.
+The worker runs it one of two ways: in Python, when the task defines `load` and
+`predict` (your code as it is: transformers, scikit-learn, numpy; worker/model_process.py),
+or as the graph model.json names (an ONNX or TorchScript export; worker/backend.py).
+One Task instance is built per served model, in the web tier and in each worker,
+from the model's spec; every hook is declared here once, required or with its default.
 
 The web tier never imports torch or onnxruntime: `preprocess` works with
 numpy (and Pillow, tokenizers). The worker imports only what `check`,
-`buckets`, `collate` and `postprocess` need.
+`buckets`, `collate`, `load`, `predict` and `postprocess` need.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class Task(abc.ABC):
     """One kind of model: image classification, text embedding, or your own.
 
     Subclasses set `input_kind`, may declare `default_limits` (and, for `file`,
-    `content_types`), and implement `preprocess`, `check`, `collate` and `postprocess`.
+    `content_types`), and implement `preprocess` and `postprocess`, and either `load` and
+    `predict` (a model run in Python) or a graph in model.json that `collate`'s feeds fit.
     """
 
     input_kind: ClassVar[InputKind]
@@ -76,6 +79,9 @@ class Task(abc.ABC):
     # Per-item limits the web tier enforces, name -> default. model.json's "limits" and the web's
     # FUNNEL_LIMITS override them; GET /v1/models shows each model's.
     default_limits: ClassVar[Mapping[str, int]] = {}
+    # The longest a `predict` call may take: past it the model's process is ended and restarted, and
+    # the items of that call fail 504 (model.json's "predict_timeout_s" overrides it).
+    predict_timeout_s: ClassVar[float] = 60.0
 
     def __init__(self, spec: ModelSpec, limits: Mapping[str, int] | None = None):
         self.spec = spec
@@ -124,9 +130,10 @@ class Task(abc.ABC):
 
     # -- worker side ---------------------------------------------------------
 
-    @abc.abstractmethod
     def check(self, inputs: Inputs) -> None:
-        """Raise BadInput for an item whose arrays this model cannot run (a job pushed by hand)."""
+        """Raise BadInput for an item whose arrays this model cannot run (a job pushed by hand, past
+        the web tier's checks); default: none refused."""
+        return None
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
         """Split a batch into runs of item indexes, each a model call of its own (default: one run of all).
@@ -141,14 +148,33 @@ class Task(abc.ABC):
         worth warming (worker/warmup.py); default none: no warm-up."""
         return []
 
-    @abc.abstractmethod
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
-        """The jobs' arrays -> one batch of feeds, named as the backend's inputs."""
+        """The jobs' arrays -> one batch of feeds, named as the graph's inputs (or as `predict` reads
+        them); default: each named array stacked, for items whose arrays have one shape."""
+        return {name: np.stack([item[name] for item in items]) for name in items[0]}
 
-    @abc.abstractmethod
-    def postprocess(self, row: dict[str, np.ndarray], context: Context | None = None) -> dict[str, Any]:
-        """One item's row of the model's outputs -> its result (JSON-able, or numpy arrays).
+    @classmethod
+    def in_python(cls) -> bool:
+        """Whether the worker runs this task's model in Python (`load` and `predict`), not a graph."""
+        return cls.predict is not Task.predict
+
+    def load(self, device: str) -> Any:
+        """The model, in Python, on `device` ("cpu", "cuda:0"): whatever `predict` takes. Runs once per
+        load, in the model's own process (worker/model_process.py); read its files from `self.spec`."""
+        raise NotImplementedError(f"{type(self).__name__} defines predict but not load")
+
+    def predict(self, model: Any, batch: dict[str, np.ndarray]) -> Any:
+        """`collate`'s batch -> one row per item, in order: a sequence (a list, or an array whose first
+        axis is the batch) of each item's named outputs (a dict), or of one value each, named as
+        model.json's first "outputs" ("output" when it names none). Raise BadInput for an item the
+        model cannot take: the worker finds which item by running parts of the batch again."""
+        raise NotImplementedError
+
+    def postprocess(self, row: dict[str, Any], context: Context | None = None) -> dict[str, Any]:
+        """One item's row, its named outputs -> its result (JSON-able, or numpy arrays); default: the row
+        as it is.
 
         `context` is what `preprocess` returned beside the item's arrays (WithContext); a task that
         returns none is called with the row alone, so `postprocess(self, row)` suffices for it.
         """
+        return dict(row)

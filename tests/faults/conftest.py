@@ -22,7 +22,7 @@ def expected_embeddings(model_store):
     def embed(batch: list[str]) -> dict[str, np.ndarray]:
         out = {}
         for text in batch:
-            out[text] = model.run(task.collate([task.preprocess(text)]))["embedding"][0]
+            out[text] = model.run(task.collate([task.preprocess(text)]))[0]["embedding"]
         return out
 
     return embed
@@ -34,6 +34,15 @@ def paced_store(tmp_path_factory):
     so that a worker holds the jobs it took that long, on any machine."""
     store = tmp_path_factory.mktemp("paced-store")
     toy_model.add_paced(store, tmp_path_factory.mktemp("paced"), PACED, batch_s=PACE_S, batch_size=64)
+    return store
+
+
+@pytest.fixture(scope="session")
+def paced_python_store(tmp_path_factory):
+    """PACED again, its model run in Python (toyscore.tasks:PythonScore, no graph), at the same pace."""
+    store = tmp_path_factory.mktemp("paced-python-store")
+    toy_model.add_python(store, tmp_path_factory.mktemp("paced-python"), PACED, "--set", f"pace_batch_s={PACE_S}",
+                         "--batch-size", "64")
     return store
 
 

@@ -96,9 +96,12 @@ def test_kill_one_of_two_workers_mid_run(model_store, tmp_path, expected_embeddi
     assert recovered >= held > 0
 
 
-def test_kill_the_only_worker_then_start_another(paced_store, tmp_path, report):
+@pytest.mark.parametrize("run_in", ["graph", "python"])
+def test_kill_the_only_worker_then_start_another(run_in, request, tmp_path, report):
+    """A graph's worker, or one whose model runs in Python in a process of its own (killed with it)."""
+    store = request.getfixturevalue("paced_store" if run_in == "graph" else "paced_python_store")
     batch = toy_model.vectors(40, seed=2)
-    with paced_stack(paced_store, tmp_path, FUNNEL_REQUEST_TIMEOUT_S="30") as stack:
+    with paced_stack(store, tmp_path, FUNNEL_REQUEST_TIMEOUT_S="30") as stack:
         client = redis.Redis.from_url(stack.redis_url)
         with load_running(stack, batch, paced_expected(batch), 40, timeout_s=60, sender=send_vectors) as outcome:
             wait_for(lambda: queued(client, len(batch)), what="all jobs queued")

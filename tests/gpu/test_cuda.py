@@ -43,7 +43,7 @@ def images(cat_jpeg, coffee_jpeg) -> list[bytes]:
 def predict(spec, model, images: list[bytes]) -> np.ndarray:
     """The model's one output on the test sentences or photos."""
     feeds = text_feeds(spec) if spec.task == "text_embedding" else image_feeds(spec, images)
-    return model.run(feeds)[spec.config["outputs"][0]]
+    return np.stack([row[spec.config["outputs"][0]] for row in model.run(feeds)])
 
 
 def assert_close(spec, on_gpu: np.ndarray, on_cpu: np.ndarray, min_cosine: float) -> None:

@@ -74,7 +74,7 @@ def reference(model_store):
             spec = load_spec(model_store, model)
             loaded[model] = tasks.load(spec), load(spec, "onnx", "cpu")
         task, backend = loaded[model]
-        return task.postprocess({k: v[0] for k, v in backend.run(task.collate([task.preprocess(item)])).items()})
+        return task.postprocess(backend.run(task.collate([task.preprocess(item)]))[0])
     return run
 
 

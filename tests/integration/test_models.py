@@ -29,7 +29,7 @@ def test_image_backends_match_eager(backend, image_batch):
     spec, feeds = image_batch
     with torch.inference_mode():
         eager = prepare_model.load_image_classifier()(torch.from_numpy(feeds["pixels"].copy())).numpy()
-    got = backends.load(spec, backend, "cpu").run(feeds)["probabilities"]
+    got = backends.load(spec, backend, "cpu").outputs(feeds)["probabilities"]
     np.testing.assert_allclose(got, eager, atol=1e-4)
     assert got[0].argmax() in (281, 282, 285)  # tabby, tiger cat, Egyptian cat
     assert got[1].argmax() == 967  # espresso
@@ -41,7 +41,7 @@ def test_text_backends_match_eager(backend, text_batch):
     with torch.inference_mode():
         eager = prepare_model.load_text_embedder()(
             torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
-    got = backends.load(spec, backend, "cpu").run(feeds)["embedding"]
+    got = backends.load(spec, backend, "cpu").outputs(feeds)["embedding"]
     np.testing.assert_allclose(got, eager, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     assert got[0] @ got[1] == pytest.approx(0.755, abs=0.01)
@@ -51,9 +51,9 @@ def test_text_backends_match_eager(backend, text_batch):
 def test_padding_does_not_change_an_embedding(text_batch):
     spec, feeds = text_batch
     model = backends.load(spec, "onnx", "cpu")
-    batched = model.run(feeds)["embedding"]
+    batched = model.outputs(feeds)["embedding"]
     for row, n in enumerate(feeds["attention_mask"].sum(axis=1)):
-        alone = model.run({"input_ids": feeds["input_ids"][row:row + 1, :n],
+        alone = model.outputs({"input_ids": feeds["input_ids"][row:row + 1, :n],
                            "attention_mask": feeds["attention_mask"][row:row + 1, :n]})["embedding"]
         np.testing.assert_allclose(batched[row], alone[0], atol=1e-5)
 
@@ -87,8 +87,8 @@ def test_int8_text_model_stays_close_to_fp32(model_store, tmp_path):
     sentences = SENTENCES + [" ".join(random.choice(words) for _ in range(random.randint(2, 40)))
                              for _ in range(60)]
     feeds = text_feeds(fp32_spec, sentences)
-    fp32 = backends.load(fp32_spec, "onnx", "cpu").run(feeds)["embedding"]
-    int8 = backends.load(int8_spec, "onnx", "cpu").run(feeds)["embedding"]
+    fp32 = backends.load(fp32_spec, "onnx", "cpu").outputs(feeds)["embedding"]
+    int8 = backends.load(int8_spec, "onnx", "cpu").outputs(feeds)["embedding"]
     cosine = (fp32 * int8).sum(axis=1)
     assert cosine.min() >= 0.99, cosine.min()
     with pytest.raises(ValueError, match="no TorchScript"):
@@ -98,9 +98,9 @@ def test_int8_text_model_stays_close_to_fp32(model_store, tmp_path):
 def test_io_binding_gives_the_plain_run_outputs(image_batch, text_batch):
     for spec, feeds in (image_batch, text_batch):
         model = backends.OnnxBackend(spec, "cpu", 0, io_binding=True)  # by default only on CUDA
-        bound = model.run(feeds)
+        bound = model.outputs(feeds)
         model.io_binding = False
-        plain = model.run(feeds)
+        plain = model.outputs(feeds)
         assert bound.keys() == plain.keys() == set(spec.config["outputs"])
         for name in plain:
             np.testing.assert_array_equal(bound[name], plain[name])
@@ -129,10 +129,10 @@ def test_a_lone_item_runs_on_all_the_cores_while_no_other_worker_runs(text_batch
     share, whole = model.session, model.whole
     model.session, model.whole = Recorder(share), Recorder(whole)
     one = {name: array[:1] for name, array in feeds.items()}
-    alone = model.run(one)["embedding"]
-    batched = model.run(feeds)["embedding"]
+    alone = model.outputs(one)["embedding"]
+    batched = model.outputs(feeds)["embedding"]
     with CoreLock(lock).run(lone=False):  # another worker runs a batch
-        beside = model.run(one)["embedding"]
+        beside = model.outputs(one)["embedding"]
     assert model.whole.sizes == [1] and model.session.sizes == [len(batched), 1]
     np.testing.assert_allclose(alone[0], batched[0], atol=1e-5)
     np.testing.assert_allclose(beside, alone, atol=1e-6)
@@ -143,7 +143,7 @@ def test_a_core_lock_that_cannot_be_opened_leaves_the_worker_on_its_share(text_b
     spec, feeds = text_batch
     model = backends.load(spec, "onnx", "cpu", threads=1, core_lock=str(tmp_path / "gone" / "cores.lock"))
     assert model.cores is None and "core lock" in caplog.text
-    assert model.run(feeds)["embedding"].shape == (len(feeds["input_ids"]), 384)
+    assert model.outputs(feeds)["embedding"].shape == (len(feeds["input_ids"]), 384)
 
 
 class SizeRecorder:
@@ -151,7 +151,7 @@ class SizeRecorder:
 
     def __init__(self, inner):
         self.inner, self.sizes = inner, []
-        self.input_names, self.output_names, self.description = inner.input_names, inner.output_names, ""
+        self.description = ""
 
     def run(self, feeds):
         self.sizes.append(len(next(iter(feeds.values()))))
@@ -166,8 +166,8 @@ def test_power_of_two_batches_answer_each_item_as_run_alone(text_batch):
     recorder = SizeRecorder(inner)
     model = backends.PowerOfTwoBatches(recorder)
     for n in (1, 3, 5, 6):
-        got = model.run(text_feeds(spec, texts[:n]))["embedding"]
-        alone = np.concatenate([inner.run(text_feeds(spec, [t]))["embedding"] for t in texts[:n]])
+        got = np.stack([row["embedding"] for row in model.run(text_feeds(spec, texts[:n]))])
+        alone = np.concatenate([inner.outputs(text_feeds(spec, [t]))["embedding"] for t in texts[:n]])
         assert got.shape == (n, 384)
         np.testing.assert_allclose(got, alone, atol=1e-5)
     assert recorder.sizes == [1, 4, 8, 8]
@@ -196,8 +196,8 @@ def test_fp16_folders(fp16_store):
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 def test_fp16_text_model_stays_close_to_fp32(backend, fp16_store, text_batch, caplog):
     spec, feeds = text_batch
-    fp32 = backends.load(spec, backend, "cpu").run(feeds)["embedding"]
-    fp16 = backends.load(load_spec(fp16_store, "text-embedding-fp16"), backend, "cpu").run(feeds)["embedding"]
+    fp32 = backends.load(spec, backend, "cpu").outputs(feeds)["embedding"]
+    fp16 = backends.load(load_spec(fp16_store, "text-embedding-fp16"), backend, "cpu").outputs(feeds)["embedding"]
     assert fp16.dtype == np.float32
     assert cosines(fp16, fp32).min() >= 0.99
     assert "fp16 model, meant for CUDA" in caplog.text
@@ -206,8 +206,8 @@ def test_fp16_text_model_stays_close_to_fp32(backend, fp16_store, text_batch, ca
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 def test_fp16_image_model_stays_close_to_fp32(backend, fp16_store, image_batch):
     spec, feeds = image_batch
-    fp32 = backends.load(spec, backend, "cpu").run(feeds)["probabilities"]
-    fp16 = backends.load(load_spec(fp16_store, "image-classifier-fp16"), backend, "cpu").run(
+    fp32 = backends.load(spec, backend, "cpu").outputs(feeds)["probabilities"]
+    fp16 = backends.load(load_spec(fp16_store, "image-classifier-fp16"), backend, "cpu").outputs(
         feeds)["probabilities"]
     np.testing.assert_array_equal(fp16.argmax(axis=1), fp32.argmax(axis=1))
     np.testing.assert_allclose(fp16, fp32, atol=0.02)

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funnel.scripts.stack import Stack
 from funnel_client import BadRequest, Client
 from tests import toy_model
 from tests.support import ROOT, http
@@ -43,9 +42,8 @@ def store(model_store, tmp_path_factory, outside_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(store, outside_env):
-    env = {"PYTHONPATH": outside_env["PYTHONPATH"]}
-    with Stack(model_store=store, web_env=env, worker_env=env) as running:
+def stack(store):
+    with toy_model.outside_stack(store) as running:
         yield running
 
 

@@ -51,7 +51,7 @@ class RowOnly(Scaled):
 
 class Doubling:
     def run(self, feeds):
-        return {"y": feeds["x"] * 2}
+        return [{"y": y} for y in feeds["x"] * 2]
 
 
 def prepared(task, items):

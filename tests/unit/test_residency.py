@@ -39,7 +39,16 @@ class Loader:
             self.gate.wait(10)
         if s.name in self.broken:
             raise FileNotFoundError(f"no such file: {s.name}.onnx")
-        return Loaded(task=object(), backend=object())  # type: ignore[arg-type]  # never run here
+        return Loaded(task=object(), backend=Unrun())  # type: ignore[arg-type]  # never run here
+
+
+class Unrun:
+    """A backend never run here: only let go of when its model is unloaded."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def residency(client, keys, names, worker="w1", limits=None, loader=None, sizes=None) -> Residency:
@@ -61,10 +70,12 @@ def test_the_least_recently_used_goes_never_one_pinned(redis_client, keys):
     assert load(r, "a") and load(r, "b")
     assert r.pin("w1.a.1") is not None  # a batch of a is taken: a is the most recently used, and pinned
     r.unpin("w1.a.1")
+    a_backend = r.models["w1.a.1"].loaded.backend
     r.pin("w1.b.1")  # b used last, and its batch not answered yet
     redis_client.delete(keys.loading("c"))
     assert load(r, "c")
     assert [r.state(f"w1.{n}.1") for n in "abc"] == ["cold", "resident", "resident"]  # a went, b was pinned
+    assert a_backend.closed  # let go of: a model run in Python has its process ended
     assert r.models["w1.a.1"].stats.totals["evictions"] == 1
     r.pin("w1.c.1")
     redis_client.delete(keys.loading("a"))

@@ -36,7 +36,7 @@ from funnel.common.bulk.batch_store import (
     result_file_id,
 )
 from funnel.common.contracts.wire import Reply, WireError, decode_reply
-from funnel.common.errors import REPLY_STATUS, FunnelError
+from funnel.common.errors import FunnelError, reply_status
 from funnel.common.tasks import Inputs, Task
 from funnel.web.jsonio import OPTIONS
 from funnel.web.protocols.openai import BadParam, OpenAIEmbeddings, answer, error_body, tokens_of
@@ -257,7 +257,7 @@ def _failed(record: jobs.Record, outcome: Outcome) -> bytes:
         return _line(record.id, number, custom_id, None,
                      {"code": "batch_cancelled", "message": "the batch was cancelled before this request ran"})
     code = outcome.error.get("code", "inference_failed")
-    status = REPLY_STATUS.get(code, 500)
+    status = reply_status(outcome.error)
     return _line(record.id, number, custom_id,
                  _response(record.id, number, status, error_body(status, code, outcome.error.get("message", ""),
                                                                  None)), None)

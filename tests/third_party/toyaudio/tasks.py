@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from funnel.common.errors import BadInput
-from funnel.common.tasks import Context, Inputs, Task, Upload, WithContext
+from funnel import BadInput, Context, Inputs, Task, Upload, WithContext
 from toyaudio.audio import FRAME, RATE, frames, read_wav, resample, summary
 
 

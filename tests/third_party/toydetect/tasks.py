@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from funnel.common.errors import BadInput
-from funnel.common.tasks import Context, Inputs, Task, WithContext, imaging
+from funnel import BadInput, Context, Inputs, Task, WithContext, imaging
 from toydetect.detect import boxes, letterbox
 
 

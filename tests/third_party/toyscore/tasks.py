@@ -4,7 +4,8 @@ VectorScore: JSON lists of numbers in, {"scores", "label"} out. model.json
 (written by `funnel add`): "dim" (the vector's length), "labels" (a file, one
 class name per line), and a graph taking "vectors" [n, dim] float32 and giving
 "scores" [n, classes]. PacedScore: the same at a fixed speed; SlowLoadScore: the
-same, slow to load.
+same, slow to load. PythonScore: the same in Python (load and predict, no graph),
+with inputs that make its predict fail, hang or crash, for the fault tests.
 
 ScaledList and ScaledByWidth: a variable-length output. JSON lists of 1 to
 max_len numbers in, each number times the graph's constant out; the graph takes
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import threading
 import time
 from typing import Any
 
@@ -93,6 +96,37 @@ class SlowLoadScore(VectorScore):
     def warmup_inputs(self) -> list[Inputs]:  # the worker's alone: its load ends with the warm-up
         time.sleep(float(self.spec.config.get("load_s", 0)))
         return super().warmup_inputs()
+
+
+class PythonScore(VectorScore):
+    """VectorScore in Python: W and b from model.json's "weights" (an .npz), no graph.
+
+    A vector whose first element is 666 makes predict raise BadInput (400, code refused_by_model),
+    777 a ValueError (500), 999 hang, 13 kill its process; model.json's pace_batch_s and pace_item_s,
+    when set, pace each call as PacedScore does.
+    """
+
+    def load(self, device: str) -> tuple[np.ndarray, np.ndarray]:
+        weights = np.load(self.spec.file("weights"))
+        return weights["w"], weights["b"]
+
+    def predict(self, model: tuple[np.ndarray, np.ndarray], batch: dict[str, np.ndarray]) -> np.ndarray:
+        vectors = batch["vectors"]
+        first = set(vectors[:, 0].tolist())
+        if 666 in first:
+            raise BadInput("666 is refused by the model", code="refused_by_model")
+        if 777 in first:
+            raise ValueError("777 breaks the model")
+        if 999 in first:
+            threading.Event().wait()  # never returns
+        if 13 in first:
+            os._exit(3)
+        config = self.spec.config
+        time.sleep(float(config.get("pace_batch_s", 0)) + float(config.get("pace_item_s", 0)) * len(vectors))
+        w, b = model
+        logits = vectors @ w + b
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
 
 
 class ScaledList(Task):
