@@ -17,6 +17,9 @@ Systems (each started as subprocesses on free ports of 127.0.0.1, stopped after 
   funnel    funnel.scripts.stack.Stack with default settings (what `make up` starts), serving this model
   funnel-one    the same with one worker for the model, its threads on all the cores (`funnel up
                 --workers-per-model 1`, the layout before scripts/layout.py; CPU only)
+  funnel-python the same stack serving the eagerminilm walkthrough (tests/third_party) through Funnel's
+                Python path: the task's load and predict, torch eager, in a process under each worker
+                (suite default, text only)
 --web-processes N gives every web tier N processes (gunicorn -w N, LitServe num_api_servers=N,
 FUNNEL_PROCESSES=N); --device cuda:N puts every model (peers, ceiling, Funnel's worker) on that GPU.
 

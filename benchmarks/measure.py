@@ -107,7 +107,7 @@ def measure_point(running: Running, system: str, model: str, c: int, script: Pat
     if drained > 5:
         print(f"    (waited {drained:.0f} s for the last run's queued requests)", flush=True)
     time.sleep(args.settle)  # idle between points, for every system alike
-    counters = funnel_counters(running.stack, model) if running.stack else None
+    counters = funnel_counters(running.stack, running.served or model) if running.stack else None
     before, busy_before = cpu_ticks(running.groups), machine_busy_s()
     wrk_cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     point = wrk(running.url, script, c, args.duration, log)
@@ -128,7 +128,7 @@ def measure_point(running: Running, system: str, model: str, c: int, script: Pat
     if counters is not None:
         drain(running)
         time.sleep(args.settle)  # the workers publish their counters every few seconds
-        later = funnel_counters(running.stack, model)
+        later = funnel_counters(running.stack, running.served or model)
         delta = {k: later.get(k, 0) - counters.get(k, 0) for k in later}
         point["funnel_batches"] = delta
         if delta.get("batches"):

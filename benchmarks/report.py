@@ -89,7 +89,8 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         "*CPU ms/req* is user+system CPU from /proc/<pid>/stat of each process tree over the measured "
         "run, divided by the requests answered: web = HTTP processes (gunicorn master and workers, "
         "LitServe's server and API processes), model = the model process(es) (Flask: inside the web "
-        "workers), redis = the system's private redis-server. *req/s per web core* is 1000 / web CPU ms "
+        "workers; Funnel's Python path: the workers with the model process under each), redis = the "
+        "system's private redis-server. *req/s per web core* is 1000 / web CPU ms "
         "per request: the requests one core of web tier can carry (not for Flask, whose web workers "
         "run the model). *other load* is the rest of the machine's "
         "busy CPU during the point (other jobs, the driver; wrk excluded) in cores: above ~0.1 the point "
@@ -113,7 +114,11 @@ def header(model: str, args, info: dict, command: str, stamp: dt.datetime, round
         "engine, batch 32, one process (its CPU counted as web, the model included); Ray Serve (text "
         "only): @serve.batch of 32 with a 20 ms wait, one replica, sentence-transformers; both on the "
         "all-MiniLM-L6-v2 weights Funnel's model is exported from, in PyTorch, whatever the suite (rows "
-        "marked eager), from their own environment (.venv-peers).")
+        "marked eager), from their own environment (.venv-peers). Funnel, your model in Python (suite "
+        "'default', text only): the same stack serving the eagerminilm walkthrough (tests/third_party, "
+        "`funnel add minilm --task eagerminilm.tasks:Embedder`, batch size 32): tokenizing in the web tier, "
+        "the task's load and predict (transformers AutoModel, mean pooling, torch eager) in a process of "
+        "the model's own under each worker, with the worker's intra-op threads as OMP_NUM_THREADS.")
     return [f"# {model}: Funnel against its peers, {stamp:%Y-%m-%d %H:%M}", "", machine, "", device, "",
             f"Command: `{command}`", "", *quick, method, "", columns, "", settings, ""]
 
@@ -140,6 +145,22 @@ def per_core_lines(points: dict, ceiling: dict) -> list[str]:
         return []
     return [f"{LABELS['funnel']} at {c} clients: {point['rps'] / cores:.2f} of the per-core ceiling "
             f"({cores:.0f} items/s, the column above)." for c, point in points.items() if isinstance(c, int)]
+
+
+def batch_lines(whose: str, funnel: dict) -> list[str]:
+    """The batch sizes of one of Funnel's rows: sampled answers at 32 clients, and its workers' counters."""
+    lines = []
+    sizes = funnel.get("batch_sample_c32")
+    if sizes:
+        lines.append(f"{whose} batch sizes at 32 clients, from meta.batch_size of {len(sizes)} answers "
+                     f"(request-weighted): median {med(sizes):.0f}, mean {statistics.mean(sizes):.1f}, "
+                     f"min {min(sizes)}, max {max(sizes)}.")
+    for c, hist in sorted(funnel.get("batch_hist", {}).items()):
+        buckets = sorted(hist, key=lambda k: int(k.rsplit("_", 1)[1]))
+        lines.append(f"{whose} worker counters during the {c}-client runs (batches per size bucket): "
+                     + ", ".join(f"≤{k.rsplit('_', 1)[1]}: {hist[k]:.0f}" for k in buckets if hist[k])
+                     + ".")
+    return lines
 
 
 def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, concurrency,
@@ -192,17 +213,8 @@ def report_suite(model: str, suite: str, backend: str, summary: dict, pairs, con
                 f"{point['other_cores']:.2f} |")
     lines.append("")
     lines += per_core_lines(summary.get(f"funnel:{backend}", {}), ceilings.get(backend, {}))
-    funnel = summary.get(f"funnel:{'onnx' if suite == 'default' else backend}", {})
-    sizes = funnel.get("batch_sample_c32")
-    if sizes:
-        lines.append(f"Funnel's batch sizes at 32 clients, from meta.batch_size of {len(sizes)} answers "
-                     f"(request-weighted): median {med(sizes):.0f}, mean {statistics.mean(sizes):.1f}, "
-                     f"min {min(sizes)}, max {max(sizes)}.")
-    for c, hist in sorted(funnel.get("batch_hist", {}).items()):
-        buckets = sorted(hist, key=lambda k: int(k.rsplit("_", 1)[1]))
-        lines.append(f"Funnel's worker counters during the {c}-client runs (batches per size bucket): "
-                     + ", ".join(f"≤{k.rsplit('_', 1)[1]}: {hist[k]:.0f}" for k in buckets if hist[k])
-                     + ".")
+    lines += batch_lines("Funnel's", summary.get(f"funnel:{'onnx' if suite == 'default' else backend}", {}))
+    lines += batch_lines("Funnel's Python path's", summary.get("funnel-python:eager", {}))
     lines.append("")
     for title, file in plots.items():
         lines.append(f"![{title}]({file})")

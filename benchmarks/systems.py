@@ -20,9 +20,11 @@ from benchmarks.payloads import Payload, check_answer, post
 from funnel.scripts.redis_local import LocalRedis, free_port
 from funnel.scripts.stack import Stack
 
-SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "infinity", "ray", "funnel", "funnel-one")
+SYSTEMS = ("ceiling", "flask", "streamer", "litserve", "infinity", "ray", "funnel", "funnel-one", "funnel-python")
 PEERS = ("flask", "streamer", "litserve", "infinity", "ray")
-EMBEDDING_PEERS = ("infinity", "ray")  # the text model only, in PyTorch, from their own environment (PEERS_VENV)
+# The systems that serve the text model only: infinity and Ray Serve in PyTorch from their own
+# environment (PEERS_VENV), Funnel's Python path the eagerminilm walkthrough (its MiniLM alone).
+EMBEDDING_PEERS = ("infinity", "ray", "funnel-python")
 LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "ceiling": "in-process ceiling (no HTTP)",
     "flask": "Flask + gunicorn -w2, no batching",
@@ -32,8 +34,11 @@ LABELS = {  # bench.main() names the Flask row's -w when --web-processes sets it
     "ray": "Ray Serve @serve.batch, one replica",
     "funnel": "Funnel (defaults)",
     "funnel-one": "Funnel (one worker on all the cores)",
+    "funnel-python": "Funnel, your model in Python, torch",
 }
 READY_TIMEOUT_S = 240.0
+WALKTHROUGHS = ROOT / "tests" / "third_party"  # docs/models.md's packages, each outside Funnel as a user's is
+PYTHON_MODEL = "minilm"  # the name funnel-python's store gives the eagerminilm walkthrough, as the docs do
 
 
 def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
@@ -43,7 +48,7 @@ def systems_of(suite: str, backend: str) -> list[tuple[str, str]]:
                 ("litserve", backend), ("infinity", "eager"), ("ray", "eager"), ("funnel", backend),
                 ("funnel-one", backend)]
     return [("ceiling", "eager"), ("ceiling", "onnx"), ("flask", "eager"), ("streamer", "eager"),
-            ("litserve", "eager"), ("funnel", "onnx")]
+            ("litserve", "eager"), ("funnel", "onnx"), ("funnel-python", "eager")]
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Running:
     stop: callable
     procs: list[subprocess.Popen] = field(default_factory=list)
     stack: Stack | None = None
+    served: str | None = None  # the model Funnel serves when not named as the benchmarked one (its counters' key)
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -226,10 +232,50 @@ def start_funnel(model: str, backend: str, args, workdir: Path, workers_per_mode
                    stack.stop, [stack.web, *stack.workers], stack)
 
 
+def walkthrough_path() -> dict[str, str]:
+    """PYTHONPATH with the walkthrough packages first, where a user's own package would be on it."""
+    paths = [str(WALKTHROUGHS), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def python_store(workdir: Path) -> Path:
+    """A store in the run's workdir with the eagerminilm walkthrough added as docs/models.md adds it
+    (`funnel add`, batch size 32 like the shipped text model); made once, for every round of the run."""
+    store = workdir / "python-store"
+    if (store / PYTHON_MODEL / "model.json").exists():
+        return store
+    add = [str(Path(sys.executable).parent / "funnel"), "add", PYTHON_MODEL, "--store", str(store),
+           "--task", "eagerminilm.tasks:Embedder", "--file", f"weights={minilm_dir()}",
+           "--outputs", "embedding", "--batch-size", "32"]
+    done = subprocess.run(add, env={**os.environ, **walkthrough_path()}, capture_output=True, text=True,
+                          timeout=READY_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"funnel add {PYTHON_MODEL} failed: {done.stderr[-1000:]}")
+    return store
+
+
+def start_funnel_python(model: str, impl: str, args, workdir: Path) -> Running:
+    # Funnel's Python path (the task's load and predict in a process of the model's own, under each
+    # worker) on the same eager MiniLM as the peers' EagerText; the stack as start_funnel's, default
+    # settings and layout, with the walkthrough importable by the web tier and the workers alike.
+    env = {**args.funnel_env, **walkthrough_path()}
+    web_env = {"FUNNEL_PROCESSES": str(args.web_processes)} if args.web_processes else {}
+    stack = Stack(models=[PYTHON_MODEL], model_store=python_store(workdir), log_dir=workdir / "funnel-python",
+                  web_env={**web_env, **env}, worker_env={"FUNNEL_DEVICE": args.device, **env},
+                  workers_per_model=None)
+    stack.start(timeout_s=READY_TIMEOUT_S)
+    # The model processes are the workers' children: the workers' trees hold them (cpu.tree).
+    return Running(f"{stack.url}/v1/models/{PYTHON_MODEL}/predict",
+                   {"web": [stack.web.pid], "model": [w.pid for w in stack.workers],
+                    "redis": [stack.redis.process.pid]},
+                   stack.stop, [stack.web, *stack.workers], stack, served=PYTHON_MODEL)
+
+
 STARTERS = {"flask": start_flask, "streamer": start_streamer, "litserve": start_litserve,
             "infinity": start_infinity, "ray": start_ray,
             "funnel": start_funnel,
-            "funnel-one": functools.partial(start_funnel, workers_per_model=1)}
+            "funnel-one": functools.partial(start_funnel, workers_per_model=1),
+            "funnel-python": start_funnel_python}
 
 
 def wait_ready(running: Running, model: str, data: Payload) -> None:

@@ -79,9 +79,8 @@ class ExportedModel:
         return self.task.preprocess(raw)
 
     def predict(self, items: list) -> list[dict]:
-        outputs = self.backend.run(self.task.collate(items))
-        return [jsonable(self.task.postprocess({k: v[i] for k, v in outputs.items()}))
-                for i in range(len(items))]
+        rows = self.backend.run(self.task.collate(items))  # one row per item, as the worker gets them
+        return [jsonable(self.task.postprocess(row)) for row in rows]
 
 
 def imagenet_preprocess(raw: bytes) -> np.ndarray:

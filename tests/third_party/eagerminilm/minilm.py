@@ -49,8 +49,8 @@ def embed(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     import torch
 
     with torch.inference_mode():
-        ids_t = torch.from_numpy(ids).to(model.device)
-        mask_t = torch.from_numpy(mask).to(model.device)
+        ids_t = torch.tensor(ids).to(model.device)  # a copy: arrays from the wire are read-only
+        mask_t = torch.tensor(mask).to(model.device)
         tokens = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
         weights = mask_t.unsqueeze(-1).to(tokens.dtype)
         mean = (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
