@@ -285,14 +285,14 @@ def main(fd: int) -> int:
             feeds = receive(sock)["feeds"]
         except (EOFError, OSError):
             return 0  # the worker closed: the model is unloaded, or the worker gone
+        count = len(next(iter(feeds.values())))
         try:
-            rows = rows_of(task.predict(model, feeds), len(next(iter(feeds.values()))), name)
-            send(sock, {"rows": rows})
+            send(sock, {"rows": rows_of(task.predict(model, feeds), count, name)})
         except (BrokenPipeError, ConnectionResetError):
             return 0
         except Exception as exc:  # the call fails, the model serves on
             if not isinstance(exc, FunnelError):
-                log.exception("predict failed on %d items", len(next(iter(feeds.values()))))
+                log.exception("predict failed on %d items", count)
             send(sock, {"error": _error(exc)})
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from funnel_client import Client
 from tests import toy_model
-from tests.support import http
+from tests.support import http, wait_for
 from tests.toy_model import LABELS, expected_scores, funnel
 
 SENTENCES = ["A man is eating food.", "A man is riding a horse.", "The new movie is awesome",
@@ -69,6 +69,13 @@ def store(tmp_path_factory, outside_env, own) -> Path:
 def stack(store):
     with toy_model.outside_stack(store) as running:
         yield running
+
+
+def model_processes(worker: subprocess.Popen) -> list[str]:
+    """The pids of the worker's model processes."""
+    found = subprocess.run(["pgrep", "-P", str(worker.pid), "-f", "funnel.worker.model_process"],
+                           capture_output=True, text=True)
+    return found.stdout.split()
 
 
 def predict(stack, model: str, body: dict) -> tuple[int, dict]:
@@ -179,22 +186,12 @@ def test_the_model_process_dies_with_its_worker(stack, store, outside_env, tmp_p
     """kill -9 of a worker leaves no model process behind: it looks for its worker, and ends itself."""
     env = {"PYTHONPATH": outside_env["PYTHONPATH"]}
     worker = stack.start_worker("iris", **env)
-    deadline = time.monotonic() + 60
-    children: list[str] = []
-    while time.monotonic() < deadline and not children:
-        found = subprocess.run(["pgrep", "-P", str(worker.pid), "-f", "funnel.worker.model_process"],
-                               capture_output=True, text=True)
-        children = found.stdout.split()
-        time.sleep(0.1)
-    assert children, "the worker started no model process"
+    children = wait_for(lambda: model_processes(worker), timeout_s=60, what="the worker's model process")
     worker.kill()
     worker.wait()
     for pid in children:
-        for _ in range(100):
-            if not Path(f"/proc/{pid}").exists():
-                break
-            time.sleep(0.05)
-        assert not Path(f"/proc/{pid}").exists(), f"model process {pid} outlived its worker"
+        wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists(), timeout_s=5,
+                 what=f"model process {pid} to end with its worker")
 
 
 def test_a_worker_of_several_python_models_ends_the_process_of_each_it_unloads(store, tmp_path):
@@ -207,15 +204,10 @@ def test_a_worker_of_several_python_models_ends_the_process_of_each_it_unloads(s
         worker = stack.start_worker("iris,py-score", FUNNEL_MAX_RESIDENT="1", **env)
         stack.wait_ready(60, expected={"iris": 1, "py-score": 1})
 
-        def model_processes() -> list[str]:
-            found = subprocess.run(["pgrep", "-P", str(worker.pid), "-f", "funnel.worker.model_process"],
-                                   capture_output=True, text=True)
-            return found.stdout.split()
-
         for model, body in (("iris", {"input": IRIS[0]}), ("py-score", {"input": [1, 2, 3, 4]}),
                             ("iris", {"input": IRIS[1]})):
             status, answer = predict(stack, model, body)
             assert status == 200, answer
-            assert len(model_processes()) == 1  # the one resident; the one unloaded has ended
+            assert len(model_processes(worker)) == 1  # the one resident; the one unloaded has ended
         log = next(tmp_path.glob("worker-iris*.log")).read_text()
         assert "ended," in log and "MB freed" in log
