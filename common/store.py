@@ -33,6 +33,11 @@ class ModelSpec:
     config: dict[str, Any] = field(repr=False, hash=False, compare=False)
     version: int = 1
 
+    @property
+    def store(self) -> Path:
+        """The model store this version was read from."""
+        return self.path.parent.parent if self.path.parent.name == self.name else self.path.parent
+
     def file(self, key: str) -> Path:
         """The path of a file named in model.json (onnx, torchscript, labels, ...)."""
         return self.path / self.config[key]

@@ -1,6 +1,7 @@
 """`funnel add`: put your own model into the model store, with its task.
 
     funnel add NAME --task mypackage.tasks:Embedder [--file weights=my-model/ ...]
+    funnel add NAME --task mypackage.tasks:Pipeline --steps detector,recognizer
     funnel add NAME --task mypackage.tasks:Detector --onnx detector.onnx [--torchscript detector.pt]
                [--file labels=labels.txt ...] [--set top_k=3 ...] [--batch-size 16]
                [--description TEXT] [--version N] [--store model_store]
@@ -10,7 +11,8 @@ web tier and the workers run (or the name of a registered task). A task with
 `load` and `predict` runs its model in Python and needs no graph: its files
 (weights, a fitted estimator) go in with --file. Otherwise the exported graph
 takes the arrays the task's `collate` gives (named as the graph's inputs) and
-returns outputs with one row per item.
+returns outputs with one row per item. A chain (a funnel.Chain) runs no model of its
+own: --steps names the served models it sends its items to, in order.
 `--file KEY=PATH` copies a file or a folder the task reads into the model's folder
 and records it under KEY (the task opens it at `self.spec.file(KEY)`); `--set KEY=VALUE`
 adds a JSON value to model.json for the task to read from `self.spec.config`.
@@ -71,7 +73,7 @@ def build(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     if args.torchscript:
         shutil.copy(args.torchscript, folder / "model.pt")
         meta["torchscript"] = "model.pt"
-    meta.update({k: v for k, v in (("feeds", feeds), ("outputs", outputs)) if v})
+    meta.update({k: v for k, v in (("feeds", feeds), ("outputs", outputs), ("steps", args.steps)) if v})
     for key, path in key_values(args.file, "--file").items():
         source = Path(path)
         if source.is_dir():
@@ -106,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--outputs", type=lambda s: s.split(","), default=[],
                    help="TorchScript: output names, comma-separated; Python: the name of the one output "
                         "predict's rows carry when they are not dicts (default: output)")
+    p.add_argument("--steps", type=lambda s: s.split(","), default=[],
+                   help="a chain's steps: served models (name or name:version) in order, comma-separated")
     p.add_argument("--file", action="append", default=[], metavar="KEY=PATH",
                    help="a file or folder the task reads (labels, weights, a fitted model), copied in")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -130,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         check_name(args.name)
         if args.version is not None:
             check_version(args.version)
-        in_python = tasks.task_class(args.task).in_python()  # fail here, not when the web tier starts
+        task_class = tasks.task_class(args.task)  # fail here, not when the web tier starts
     except ValueError as exc:
         raise SystemExit(f"funnel add: {exc}") from None
-    if not (args.onnx or args.torchscript or in_python):
+    if task_class.in_chain() and not args.steps:
+        raise SystemExit("funnel add: a chain names its steps: --steps MODEL,MODEL")
+    if args.steps and not task_class.in_chain():
+        raise SystemExit("funnel add: --steps names a chain's steps, and this task is no Chain")
+    if not (args.onnx or args.torchscript or task_class.in_python() or task_class.in_chain()):
         raise SystemExit("funnel add: give --onnx, --torchscript, or both (or a task with load and predict, "
-                         "which runs its model in Python)")
+                         "which runs its model in Python, or a chain with --steps)")
     for path in (args.onnx, args.torchscript):
         if path is not None and not path.is_file():
             raise SystemExit(f"funnel add: no such file: {path}")

@@ -12,7 +12,9 @@ only); --half adds <model>-fp16, both exports in float16, for CUDA workers.
 
 `--models text-recognizer` adds a third model, not prepared by default: PP-OCRv4's
 text-line recogniser as rapidocr-onnxruntime ships it (ONNX only), an image of
-any width in, a text of any length out.
+any width in, a text of any length out. `--models text-detector,text-direction,
+text-recognizer,ocr` adds the package's other two models and `ocr`, the chain of
+all three that reads a page as RapidOCR() does.
 
 Your own models are added to the store with `funnel add` (scripts/add_model.py).
 """
@@ -259,6 +261,36 @@ def prepare_text_recognizer(folder: Path) -> dict:
     }
 
 
+def rapidocr_graph(name: str, folder: Path) -> str:
+    """One of the graphs rapidocr-onnxruntime ships, copied into folder as model.onnx: its version."""
+    import rapidocr_onnxruntime
+
+    shutil.copy(Path(rapidocr_onnxruntime.__file__).parent / "models" / name, folder / "model.onnx")
+    return version("rapidocr-onnxruntime")
+
+
+def prepare_text_detector(folder: Path) -> dict:
+    """PP-OCRv4's text detector as the package ships it; its pre- and post-processing are the package's own
+    (common/tasks/text_detection.py)."""
+    shipped = rapidocr_graph("ch_PP-OCRv4_det_infer.onnx", folder)
+    return {"onnx": "model.onnx", "task": "text_detection", "feeds": ["x"],
+            "description": f"PP-OCRv4 text detection (rapidocr-onnxruntime {shipped})", "batch_size": 4}
+
+
+def prepare_text_direction(folder: Path) -> dict:
+    """PP-OCR's text direction classifier (0 or 180 degrees) as the package ships it."""
+    shipped = rapidocr_graph("ch_ppocr_mobile_v2.0_cls_infer.onnx", folder)
+    return {"onnx": "model.onnx", "task": "text_direction", "feeds": ["x"],
+            "description": f"PP-OCR text direction (rapidocr-onnxruntime {shipped})", "batch_size": 32}
+
+
+def prepare_ocr(folder: Path) -> dict:
+    """OCR as RapidOCR() runs it: a chain of the three models above (common/tasks/ocr.py), no graph of its own."""
+    return {"task": "ocr", "steps": ["text-detector", "text-direction", "text-recognizer"], "batch_size": 8,
+            "description": f"OCR: text detection, direction and recognition as rapidocr-onnxruntime "
+                           f"{version('rapidocr-onnxruntime')} runs them, in sequence"}
+
+
 def optimize_transformer(path: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
     """Fuse attention, LayerNorm and GELU in the exported BERT graph, in place.
 
@@ -328,6 +360,9 @@ BUILDERS = {
     "image-classifier": prepare_image_classifier,
     "text-embedding": prepare_text_embedding,
     "text-recognizer": prepare_text_recognizer,
+    "text-detector": prepare_text_detector,
+    "text-direction": prepare_text_direction,
+    "ocr": prepare_ocr,
 }
 DEFAULT_MODELS = ("image-classifier", "text-embedding")  # what `make up` serves
 # What convert_half traces again in float16: the eager model and an example input.

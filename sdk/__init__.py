@@ -10,8 +10,8 @@ funnel.web and funnel.worker are Funnel's own, and may move.
 
 from funnel.common.errors import BadInput, FunnelError
 from funnel.common.tasks import imaging
-from funnel.common.tasks.base import Context, InputKind, Inputs, Prepared, Task, Upload, WithContext
+from funnel.common.tasks.base import Chain, Context, InputKind, Inputs, Prepared, StepFailed, Task, Upload, WithContext
 from funnel.common.tasks.buckets import group_by_width
 
-__all__ = ["Task", "WithContext", "Upload", "BadInput", "FunnelError", "Inputs", "Context", "InputKind",
-           "Prepared", "group_by_width", "imaging"]
+__all__ = ["Task", "Chain", "StepFailed", "WithContext", "Upload", "BadInput", "FunnelError", "Inputs", "Context",
+           "InputKind", "Prepared", "group_by_width", "imaging"]

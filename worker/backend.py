@@ -207,10 +207,12 @@ BACKENDS = {"onnx": OnnxBackend, "torch": TorchBackend}
 
 
 def name(spec: ModelSpec, backend: str) -> str:
-    """What runs the model: "python" for a task with load and predict, else the graph backend asked for
-    (also for a task that does not import: its load fails, and says why, where loads are reported)."""
+    """What runs the model: "python" for a task with load and predict, "chain" for a chain of models, else
+    the graph backend asked for (also for a task that does not import: its load fails, and says why,
+    where loads are reported)."""
     try:
-        return "python" if tasks.task_class(spec.task).in_python() else backend
+        task = tasks.task_class(spec.task)
+        return "python" if task.in_python() else "chain" if task.in_chain() else backend
     except ValueError:
         return backend
 

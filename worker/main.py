@@ -29,11 +29,13 @@ from funnel.common.link.connection import connect, on_cluster
 from funnel.common.observability import logs, tracing
 from funnel.common.result_cache import CachePolicy
 from funnel.common.store import ModelSpec, load_spec
+from funnel.common.tasks.base import Chain
 from funnel.worker import backend as backends
 from funnel.worker import batch as batching
 from funnel.worker import device as devices
 from funnel.worker import warmup
 from funnel.worker.allocator import preload_tcmalloc
+from funnel.worker.chain import ChainRunner
 from funnel.worker.heartbeat import Heartbeat
 from funnel.worker.hold import Hold
 from funnel.worker.linger import Linger
@@ -89,9 +91,12 @@ def describe(settings: WorkerSettings, spec: ModelSpec, device: str) -> dict:
             "wire": JOB_FORMAT}
 
 
-def loaded(settings: WorkerSettings, spec: ModelSpec, device: str) -> Loaded:
-    """A model version's task and backend, warmed up: before registering, no request meets a cold shape."""
+def loaded(settings: WorkerSettings, spec: ModelSpec, device: str, client, keys: Keys) -> Loaded:
+    """A model version's task and backend, warmed up: before registering, no request meets a cold shape.
+    A chain's backend is its runner, which sends its items to its steps' queues."""
     task = tasks.load(spec)
+    if isinstance(task, Chain):
+        return Loaded(task, ChainRunner(task, client, keys, store=settings.model_store, worker_id=settings.worker_id))
     model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning, settings.core_lock)
     warmup.run(task, model, settings.batch_size or spec.batch_size, device)
     return Loaded(task, model)
@@ -119,7 +124,7 @@ def one_model(settings: WorkerSettings, spec: ModelSpec, client, keys: Keys, dev
               hold: Hold, stop: threading.Event) -> tuple[Heartbeat, Steps]:
     """A worker of one model version: loaded before it registers, and the loop's steps run it alone."""
     started = time.monotonic()
-    ready = loaded(settings, spec, device)
+    ready = loaded(settings, spec, device, client, keys)
     heartbeat = Heartbeat(client, keys, settings.worker_id, describe(settings, spec, device), recovery,
                           settings.heartbeat_ttl_s)
     heartbeat.stats.add(loads=1, load_seconds=time.monotonic() - started)
@@ -144,7 +149,7 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
                            for spec, m in zip(specs, heartbeat.members)],
                           Limits(max_resident=settings.max_resident, max_resident_mb=settings.max_resident_mb,
                                  retry_s=settings.load_retry_s, load_timeout_s=settings.load_timeout_s),
-                          lambda spec: loaded(settings, spec, device), heartbeat.beat)
+                          lambda spec: loaded(settings, spec, device, client, keys), heartbeat.beat)
     heartbeat.live = residency.fields
     seats = [seat(settings, spec, m.worker_id, m.stats, client, keys, hold, stop)
              for spec, m in zip(specs, heartbeat.members)]

@@ -24,6 +24,7 @@ from funnel.common.observability import tracing
 from funnel.common.tasks import Task
 from funnel.worker import batch as batching
 from funnel.worker.backend import Backend
+from funnel.worker.chain import ChainRunner
 from funnel.worker.hold import Hold
 from funnel.worker.linger import CostModel, Linger
 from funnel.worker.queue import JobQueue
@@ -107,7 +108,10 @@ class Steps:
 
     def run(self, batch: batching.Batch) -> None:
         began = time.time_ns()
-        batching.run(batch, self.task, self.backend)
+        if isinstance(self.backend, ChainRunner):  # a chain's items go to its steps' queues
+            self.backend.run_batch(batch)
+        else:
+            batching.run(batch, self.task, self.backend)
         batch.steps["run"] = (began, time.time_ns())
         self.hold("run")
 

@@ -17,17 +17,19 @@ from importlib.metadata import entry_points
 from funnel.common.store import ModelSpec
 from funnel.common.tasks.base import (
     INPUT_KINDS,
+    Chain,
     Context,
     InputKind,
     Inputs,
     Prepared,
+    StepFailed,
     Task,
     Upload,
     WithContext,
 )
 
-__all__ = ["Task", "Inputs", "InputKind", "INPUT_KINDS", "Context", "Prepared", "Upload", "WithContext",
-           "ENTRY_POINT_GROUP", "task_class", "load", "registered"]
+__all__ = ["Task", "Chain", "StepFailed", "Inputs", "InputKind", "INPUT_KINDS", "Context", "Prepared", "Upload",
+           "WithContext", "ENTRY_POINT_GROUP", "task_class", "load", "registered"]
 
 ENTRY_POINT_GROUP = "funnel.tasks"
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 
+from funnel.common.errors import FunnelError
 from funnel.common.result_cache import CachePolicy
 from funnel.common.store import ModelSpec
 
@@ -158,6 +159,11 @@ class Task(abc.ABC):
         """Whether the worker runs this task's model in Python (`load` and `predict`), not a graph."""
         return cls.predict is not Task.predict
 
+    @classmethod
+    def in_chain(cls) -> bool:
+        """Whether this task is a chain of other served models (`Chain`), run on their queues."""
+        return False
+
     def load(self, device: str) -> Any:
         """The model, in Python, on `device` ("cpu", "cuda:0"): whatever `predict` takes. Runs once per
         load, in the model's own process (worker/model_process.py); read its files from `self.spec`."""
@@ -178,3 +184,63 @@ class Task(abc.ABC):
         returns none is called with the row alone, so `postprocess(self, row)` suffices for it.
         """
         return dict(row)
+
+
+class StepFailed(FunnelError):
+    """One element of a chain's step that its model failed: what `Chain.next_items` and `Chain.answer`
+    find in its place among the step's results (its code, message and HTTP status, as a client of
+    that model would have been answered). Raised from a hook, it fails the request's item so."""
+
+    def public(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+
+class Chain(Task):
+    """A model of models: its steps are served models, named in model.json ("steps"), each run on its
+    own queue, where its items batch with every other request's (worker/chain.py).
+
+    The web tier prepares a chain's item as any task's (`preprocess`). Its worker then asks
+    `next_items` for each step's items: one for the request's item, or one per element of the step
+    before (a fan-out); each goes to the step's model as a prepared item (its arrays, or
+    WithContext), and its result comes back as that model's client would get it. Once the last step
+    is done, `answer` makes the request's result from every step's results. Both hooks run in the
+    chain's worker, never in the web process that waits on the request.
+    """
+
+    @property
+    def steps(self) -> list[str]:
+        """The steps' models, in order: "name" (its highest version in the store) or "name:version"."""
+        steps = self.spec.config.get("steps")
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, str) for s in steps):
+            raise ValueError(f"{self.spec.name}: a chain's model.json names its steps: \"steps\": [model, ...]")
+        return steps
+
+    def step_task(self, step: int) -> Task:
+        """The Task of step `step`'s model, from this chain's store: its `preprocess` makes the step's
+        items as a request to that model would have them."""
+        tasks = self.__dict__.setdefault("_step_tasks", {})
+        if step not in tasks:
+            from funnel.common.store import load_spec
+            from funnel.common.tasks import load
+
+            name, _, pinned = self.steps[step].partition(":")
+            tasks[step] = load(load_spec(self.spec.store, name, int(pinned) if pinned else None))
+        return tasks[step]
+
+    def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
+        return {}  # a chain runs no graph: its items go to its steps one by one
+
+    @abc.abstractmethod
+    def next_items(self, step: int, item: Inputs, context: Context | None, done: list[list[Any]]) -> list[Prepared]:
+        """The items of step `step` (0 first) for this request's item: a list of one to run the step once,
+        one per element of the step before to fan out, or none to skip it. `done` holds each step run so
+        far, its results in order: each a result as the step's model answers it, or StepFailed.
+        Raise BadInput (or any FunnelError) to fail the request's item."""
+
+    @abc.abstractmethod
+    def answer(self, item: Inputs, context: Context | None, done: list[list[Any]]) -> dict[str, Any]:
+        """The request item's result, from every step's results (`done`, as for next_items)."""
+
+    @classmethod
+    def in_chain(cls) -> bool:
+        return True

@@ -12,7 +12,10 @@ to item.
 Preprocessing, padding and decoding follow PaddleOCR's recogniser as
 rapidocr-onnxruntime runs it (BGR order, pixels scaled to [-1, 1], zero
 padding on the right), so a line at the model's height reads the same here as
-there (tests/integration/test_text_recognizer.py).
+there (tests/integration/test_text_recognizer.py). A line may name the width it is
+padded to (`pad_to`, at least its own): the OCR chain (common/tasks/ocr.py) pads
+each line as wide as TextRecognizer pads the batch of six it would be read in,
+since the padding changes what the model reads.
 """
 
 from __future__ import annotations
@@ -78,11 +81,25 @@ class TextRecognition(Task):
                 or pixels.shape[2] != 3 or not 0 < pixels.shape[1] <= self.max_width:
             raise BadInput(f"expected uint8 pixels of shape ({self.height}, 1 to {self.max_width}, 3)",
                            code="bad_input")
+        pad_to = inputs.get("pad_to")
+        if pad_to is None:
+            return
+        if pad_to.shape != () or pad_to.dtype.kind not in "iu" or not pixels.shape[1] <= int(pad_to) <= self.max_width:
+            raise BadInput(f"pad_to is one integer from the line's width to {self.max_width}", code="bad_input")
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
-        """Runs of lines of like width: one long line among short ones would pad them all to its width."""
-        widths = [max(self.min_width, item["pixels"].shape[1]) for item in items]
-        return group_by_width(widths, float(self.spec.config.get("run_cost_columns", RUN_COST_COLUMNS)))
+        """Runs of lines of like width: one long line among short ones would pad them all to its width.
+        Lines that name the width they are padded to (`pad_to`) run with the lines padded as wide."""
+        padded: dict[int, list[int]] = {}
+        free = []
+        for i, item in enumerate(items):
+            if "pad_to" in item:
+                padded.setdefault(max(self.min_width, int(item["pad_to"])), []).append(i)
+            else:
+                free.append(i)
+        widths = [max(self.min_width, items[i]["pixels"].shape[1]) for i in free]
+        runs = group_by_width(widths, float(self.spec.config.get("run_cost_columns", RUN_COST_COLUMNS))) if free else []
+        return [[free[i] for i in run] for run in runs] + list(padded.values())
 
     @property
     def min_width(self) -> int:
@@ -90,7 +107,8 @@ class TextRecognition(Task):
 
     def collate(self, items: list[Inputs]) -> dict[str, np.ndarray]:
         """BGR, scaled to [-1, 1], padded with zeros on the right to the widest line (at least min_width)."""
-        width = max(self.min_width, *(item["pixels"].shape[1] for item in items))
+        width = max(self.min_width, *(int(item["pad_to"]) if "pad_to" in item else item["pixels"].shape[1]
+                                      for item in items))
         batch = np.zeros((len(items), 3, self.height, width), dtype=np.float32)
         for row, item in enumerate(items):
             pixels = item["pixels"][:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255

@@ -28,7 +28,8 @@ def header_and_body(name: str) -> tuple[str, str]:
 
 def test_every_script_and_snippet_has_a_file():
     assert SCRIPTS == ["batch_describe", "cancel", "choose_device", "leave", "load_claim", "push", "recovery_claim",
-                       "release", "reply", "store_results", "take", "webhook_claim", "webhook_lease", "webhook_settle"]
+                       "release", "reply", "step_push", "store_results", "take", "webhook_claim", "webhook_lease",
+                       "webhook_settle"]
     assert set(lua_scripts.names()) >= SNIPPETS
 
 

@@ -12,7 +12,7 @@ NAMES = {"Task": "funnel.common.tasks", "WithContext": "funnel.common.tasks", "U
          "Inputs": "funnel.common.tasks", "Context": "funnel.common.tasks", "InputKind": "funnel.common.tasks",
          "Prepared": "funnel.common.tasks", "BadInput": "funnel.common.errors",
          "FunnelError": "funnel.common.errors", "group_by_width": "funnel.common.tasks.buckets",
-         "imaging": "funnel.common.tasks"}
+         "imaging": "funnel.common.tasks", "Chain": "funnel.common.tasks", "StepFailed": "funnel.common.tasks"}
 
 
 def test_from_funnel_import_gives_the_same_objects_as_their_homes():

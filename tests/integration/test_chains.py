@@ -1,0 +1,108 @@
+"""Models in sequence: a chain is a served model whose steps are other served models, run on their queues.
+
+The chain of docs/models.md, "Chains" (tests/third_party/labelwords): an image's top labels from the
+image classifier, then each label's embedding from the text model (a fan-out), answered as one
+result. Its answers equal the two models asked by hand; its fan-out rides the text model's batches;
+a step's failure, a deadline and a client that leaves each stop what they should and nothing else.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from funnel.scripts.prepare_model import DEFAULT_MODELS
+from tests import toy_model
+from tests.support import http, multipart, wait_for
+from tests.toy_model import funnel
+
+CHAIN = "label-words"
+
+
+@pytest.fixture(scope="module")
+def store(model_store, tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("chain-store")
+    for name in DEFAULT_MODELS:
+        (store / name).symlink_to(model_store / name, target_is_directory=True)
+    done = funnel("add", CHAIN, "--store", str(store), "--task", "labelwords.tasks:LabelWords",
+                  "--steps", "image-classifier,text-embedding", "--set", "labels=3", "--batch-size", "8",
+                  env=toy_model.outside_env())
+    assert done.returncode == 0, done.stderr
+    return store
+
+
+@pytest.fixture(scope="module")
+def stack(store):
+    with toy_model.outside_stack(store) as running:
+        yield running
+
+
+def upload(stack, model: str, image: bytes, headers: dict | None = None):
+    body, form = multipart("file", "cat.jpg", image, "image/jpeg")
+    return http("POST", f"{stack.url}/v1/models/{model}/predict", body, {**form, **(headers or {})})
+
+
+def test_funnel_add_wants_steps_for_a_chain_and_only_for_one(store):
+    done = funnel("add", "no-steps", "--store", str(store), "--task", "labelwords.tasks:LabelWords",
+                  env=toy_model.outside_env())
+    assert done.returncode != 0 and "--steps" in done.stderr
+    done = funnel("add", "not-a-chain", "--store", str(store), "--task", "toyscore.tasks:PythonScore",
+                  "--steps", "text-embedding", env=toy_model.outside_env())
+    assert done.returncode != 0 and "no Chain" in done.stderr
+
+
+def test_the_chain_answers_what_its_two_models_answer_by_hand(stack, cat_jpeg):
+    status, answer, _ = upload(stack, CHAIN, cat_jpeg)
+    assert status == 200, answer
+    status, classes, _ = upload(stack, "image-classifier", cat_jpeg)
+    assert status == 200
+    labels = answer["labels"]
+    assert [entry["label"] for entry in labels] == [p["label"] for p in classes["predictions"][:3]]
+    for entry in labels:
+        status, embedded, _ = http("POST", f"{stack.url}/v1/models/text-embedding/predict",
+                                   json_body={"text": entry["label"]})
+        assert status == 200
+        np.testing.assert_allclose(entry["embedding"], embedded["embedding"], atol=1e-5)
+
+
+def test_the_registry_lists_the_chain_as_served_by_a_chain_worker(stack):
+    status, listing, _ = http("GET", f"{stack.url}/v1/models")
+    assert status == 200
+    (chain,) = [m for m in listing["models"] if m["name"] == CHAIN]
+    assert chain["workers"] and all(w.get("backend") == "chain" for w in chain["workers"]), chain
+
+
+def worker_totals(stack, model: str) -> tuple[float, float]:
+    """The batches and items the model's workers have run, summed from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body, _ = http("GET", f"{stack.url}/metrics")
+    assert status == 200
+    text = body["_text"]
+    totals = {"batches": 0.0, "items": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for name in totals:
+                if sample.name == f"funnel_worker_{name}_total" and sample.labels.get("model") == model:
+                    totals[name] += sample.value
+    return totals["batches"], totals["items"]
+
+
+def test_concurrent_chains_fan_out_into_the_text_models_shared_batches(stack, cat_jpeg):
+    batches, items = worker_totals(stack, "text-embedding")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: upload(stack, CHAIN, cat_jpeg), range(16)))
+    assert all(status == 200 for status, _, _ in answers), [a for s, a, _ in answers if s != 200]
+    first = answers[0][1]
+    for _, answer, _ in answers:  # the same image, the same labels and embeddings, whatever batch each rode
+        assert [e["label"] for e in answer["labels"]] == [e["label"] for e in first["labels"]]
+        np.testing.assert_allclose([e["embedding"] for e in answer["labels"]],
+                                   [e["embedding"] for e in first["labels"]], atol=1e-5)
+    # 48 labels embedded (3 a request), counted as each worker's heartbeat publishes its counters
+    wait_for(lambda: worker_totals(stack, "text-embedding")[1] >= items + 48, timeout_s=30,
+             what="the text model's workers to count the fan-out's items")
+    batches_after, items_after = worker_totals(stack, "text-embedding")
+    assert batches_after - batches < items_after - items  # the fan-outs shared batches

@@ -1,0 +1,1 @@
+"""A chain of two served models, Funnel's own image classifier then its text embedder (docs/models.md, "Chains")."""
