@@ -58,6 +58,7 @@ class Batch:
     wait_s: float = 0.0  # how long the take waited for the batch to fill
     collate_ms: float = 0.0
     run_ms: float = 0.0
+    finish_ms: float = 0.0  # splitting and postprocessing its rows: Triton's compute output
     steps: dict[str, tuple[int, int]] = field(default_factory=dict)  # step -> (start, end), epoch ns: its trace
 
     @property
@@ -191,6 +192,7 @@ def finish(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
     """Turn the rows of each runnable job's items into its reply (postprocessed, with each item's
     context), appended to batch.replies; each names the version that computed it. An item that
     failed, in the run or in postprocess, fails its job, named by its index."""
+    clock = time.perf_counter()
     start = 0
     for job in batch.runnable:
         rows, start = batch.rows[start:start + len(job.items)], start + len(job.items)
@@ -217,3 +219,4 @@ def finish(batch: Batch, task: Task, worker_id: str, version: int = 1) -> None:
         elif reply.ok:
             reply.items = results
         batch.replies.append((job.reply_to, reply))
+    batch.finish_ms = (time.perf_counter() - clock) * 1000

@@ -54,7 +54,8 @@ class Replier:
     hold: Hold = field(default_factory=lambda: Hold(threading.Event()))  # the fault suite's seam (stored)
 
     def answer(self, replies: list[tuple[str, Reply]], dead: list[bytes], taken: Sequence[bytes] = (),
-               taken_ids: Sequence[str] = (), cached: Mapping[str, str] = {}) -> list[str]:
+               taken_ids: Sequence[str] = (), cached: Mapping[str, str] = {},
+               counted: Sequence[tuple] = ()) -> list[str]:
         """Store the bulk items' results; then, for each message taken (its job's id in taken_ids, ""
         if it had none), forget it, and push its reply or park it as dead only if it was still in
         flight (cached: the cache ident of each job of a cached item, by job id). Returns the ids
@@ -66,6 +67,9 @@ class Replier:
         recovery, a crash after leaves nothing half done. On a cluster the bulk results are stored
         first: a crash before the reply script leaves their messages in flight, and their second
         answer is counted, never stored.
+
+        `counted`: the batch's statistics' commands (common/contracts/statistics.py), sent in the same
+        round trip (on a cluster, one of their own after the reply script).
         """
         by_job, by_id = sorted_replies(self.keys, replies)
         call = ReplyCall.of(self, by_id, by_job, dead, taken, taken_ids, cached)
@@ -74,15 +78,23 @@ class Replier:
                 store_results_apart(self.client, self.keys, results_key, items)
             self.hold("stored")
         if not by_job or self.keys.cluster:  # the script alone is atomic; a cluster's pipelines run no scripts
-            held = lua_scripts.runner(self.client, "reply")(call.keys, call.args) if taken else []
+            held = lua_scripts.runner(self.client, "reply")(call.keys, call.args, counted) if taken else []
+            if counted and not taken:
+                lua_scripts.send(self.client, counted)
         else:  # bulk items on a single Redis: their results and the replies in one MULTI
             pipe = self.client.pipeline(transaction=True)
             held_by = self.keys.inflight(self.model, self.worker_id) if taken else ""  # only while in flight
             for results_key, answered in by_job.items():
                 store_results(pipe, self.keys, results_key, answered, held_by, call.messages)
+            for command in counted:  # before the script, whose answer comes last
+                pipe.execute_command(*command)
             if taken:
                 lua_scripts.register(pipe, "reply")(keys=call.keys, args=call.args)
-            done = pipe.execute()
+            done = pipe.execute(raise_on_error=False)  # a figure that fails leaves the answer done
+            figures = range(len(done) - len(counted) - bool(taken), len(done) - bool(taken))
+            failed = [answer for at, answer in enumerate(done) if isinstance(answer, Exception) and at not in figures]
+            if failed:
+                raise failed[0]
             held = done[-1] if taken else []
         # Stored whoever held them: on a cluster (apart, first), or when no message was named.
         apart = [reply.id for answered in by_job.values() for reply in answered] \

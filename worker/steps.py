@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from funnel.common.contracts import statistics
 from funnel.common.contracts.keys import Keys
 from funnel.common.observability import tracing
 from funnel.common.tasks import Task
@@ -120,7 +121,9 @@ class Steps:
         began = time.time_ns()
         batching.finish(batch, self.task, self.settings.worker_id, self.version)
         self.hold("reply")
-        if retrying(lambda: self._write(batch), self.stop, until_done=True):
+        counted = statistics.commands(self.keys, self.model, self.version, statistics.increments(figures(batch)),
+                                     time.time_ns() // 1_000_000)
+        if retrying(lambda: self._write(batch, counted), self.stop, until_done=True):
             self.queue.forget(len(batch.taken))
         batch.steps["reply"] = (began, time.time_ns())
         self._tell(batch)
@@ -131,9 +134,9 @@ class Steps:
             self.run_fit = self.run_cost.fit()
         self._record(batch)
 
-    def _write(self, batch: batching.Batch) -> bool:
+    def _write(self, batch: batching.Batch, counted: list[tuple]) -> bool:
         self.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids,
-                            {job.id: job.cache for job in batch.jobs if job.cache})
+                            {job.id: job.cache for job in batch.jobs if job.cache}, counted)
         return True
 
     def _tell(self, batch: batching.Batch) -> None:
@@ -166,6 +169,20 @@ class Steps:
             batch_log.info("batch model=%s size=%d errors=%d expired=%d dead=%d wait_ms=%.1f infer_ms=%.1f",
                            self.model, len(batch.items), batch.errors, batch.expired, len(batch.dead),
                            batch.wait_s * 1000, batch.infer_ms)
+
+
+def figures(batch: batching.Batch) -> statistics.BatchFigures:
+    """What the batch adds to its model version's statistics, as its replies are written: each job's
+    time from its push (the web tier's stamp) to now, and the batch's steps."""
+    now_ns = time.time_ns()
+    enqueued = {job.id: job.enqueued for job in batch.jobs}
+    ok = [reply for _, reply in batch.replies if reply.ok and reply.id in enqueued]
+    failed = [reply for _, reply in batch.replies if not reply.ok and reply.id in enqueued]
+    return statistics.BatchFigures(
+        items=len(batch.items), ok_ns=[max(0, now_ns - enqueued[r.id] * 1_000_000) for r in ok],
+        failed_ns=[max(0, now_ns - enqueued[r.id] * 1_000_000) for r in failed],
+        queue_ns=sum(int(r.queue_ms * 1_000_000) for r in ok), collate_ns=int(batch.collate_ms * 1_000_000),
+        run_ns=int(batch.run_ms * 1_000_000), finish_ns=int(batch.finish_ms * 1_000_000))
 
 
 def retrying(call, stop: threading.Event, until_done: bool = False):

@@ -20,6 +20,7 @@ slot. Layout (docs/redis.md):
     funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
     funnel:cache:{text-embedding}:<version>:<scope>:<digest>          (a result, common/result_cache.py)
     funnel:cache-pending:{text-embedding}:<version>:<scope>:<digest>  (its computation under way)
+    funnel:stats:{text-embedding}:<version>    (its workers' totals, common/contracts/statistics.py)
 
 An async or bulk job's own keys carry its job id as their tag instead, so a
 job's record and results share one slot (each job lands on some node, not its
@@ -200,6 +201,12 @@ class Keys:
         of the requests waiting for it (each a field), until its reply or its deadline."""
         return f"{self.prefix}:cache-pending:{tag(model)}:{check_version(version)}:{ident}"
 
+    def stats(self, model: str, version: int = 1) -> str:
+        """Hash: a model version's inference statistics, added to by each of its workers' batches in the
+        round trip that answers it (common/contracts/statistics.py, the one home of its fields); in the
+        model's slot, beside the in-flight list that round trip names."""
+        return f"{self.prefix}:stats:{tag(model)}:{check_version(version)}"
+
     def inflight(self, model: str, worker_id: str) -> str:
         """Jobs one worker of `model` holds between taking and answering them."""
         return f"{self.prefix}:inflight:{tag(model)}:{check_name(worker_id)}"
@@ -251,7 +258,7 @@ class Keys:
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
                         "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "loading", "file",
-                        "batches", "files", "cache", "cache-pending"):
+                        "batches", "files", "cache", "cache-pending", "stats"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

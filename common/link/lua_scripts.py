@@ -13,6 +13,7 @@ import hashlib
 import re
 import threading
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -60,17 +61,31 @@ class Runner:
         self.script = register(client, name) if on_cluster(client) else None
         self.line = Line(client) if self.script is None else None
 
-    def __call__(self, keys: list, args: list):
+    def __call__(self, keys: list, args: list, also: Sequence[tuple] = ()):
+        """The script's answer; `also`, plain commands whose answers nobody reads, go in the same round
+        trip after it (on a cluster, a round trip of their own after it, as their keys' node may not be
+        the script's)."""
         if self.script is not None:
-            return self.script(keys=keys, args=args)
+            answer = self.script(keys=keys, args=args)
+            if also:
+                send(self.script.registered_client, also)
+            return answer
         command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         assert self.line is not None
-        answer = self.line.exchange([command])[0]
+        answer = self.line.exchange([command, *also])[0]  # also's answers: the caller's figures, never its answer
         if isinstance(answer, NoScriptError):
             answer = self.line.exchange([("SCRIPT", "LOAD", self.source), command])[1]
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+
+def send(client: redis.Redis | redis.RedisCluster, commands: Sequence[tuple]) -> list:
+    """Plain commands in one pipeline (one round trip a node on a cluster), their answers in order."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute()
 
 
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> {name: Runner}

@@ -83,9 +83,10 @@ def test_health_is_open_and_the_rest_needs_the_key(triton):
 
 def test_metadata_states_inputs_and_outputs(triton):
     server = triton.get_server_metadata(headers=AUTH, as_json=True)
-    assert server["name"] == "funnel" and set(server["extensions"]) == {"classification", "binary_tensor_data"}
+    assert server["name"] == "funnel" and set(server["extensions"]) == {"classification", "binary_tensor_data",
+                                                                   "model_configuration", "statistics"}
     text = triton.get_model_metadata(TEXT, headers=AUTH, as_json=True)
-    assert text["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1"]}]
+    assert text["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1", "1"]}]
     assert text["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "384"]}]
     image = triton.get_model_metadata(IMAGE, "1", headers=AUTH, as_json=True)
     assert {"name": "pixels", "datatype": "UINT8", "shape": ["-1", "224", "224", "3"]} in image["inputs"]

@@ -52,7 +52,7 @@ def test_server_and_model_probes(triton):
 
 def test_metadata_states_inputs_and_outputs(triton):
     text = triton.get_model_metadata(TEXT)
-    assert text["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
+    assert text["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
     assert text["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
     image = triton.get_model_metadata(IMAGE, model_version="1")
     assert {"name": "pixels", "datatype": "UINT8", "shape": [-1, 224, 224, 3]} in image["inputs"]

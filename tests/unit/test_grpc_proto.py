@@ -1,9 +1,10 @@
-"""web/grpc/: the committed generated modules are what the .proto makes, and the .proto is the protocol's.
+"""web/grpc/: the committed generated modules are what the .protos make, and the .protos are the protocol's.
 
 The protocol's messages are compared, field by field, with those tritonclient[grpc] was generated
-from (Triton's grpc_service.proto): same names, numbers, types and cardinality, so that either side's
-messages read the other's bytes. The two cannot share a process (both declare package `inference`
-in protobuf's default pool), so Funnel's are described by a child process.
+from (Triton's grpc_service.proto and model_config.proto): same names, numbers, types and
+cardinality, so that either side's messages read the other's bytes. The two cannot share a process
+(both declare package `inference` in protobuf's default pool), so Funnel's are described by a child
+process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from funnel.web.grpc import generate
 
 DESCRIBE = """
 import json
+from funnel.web.grpc import model_config_pb2 as config
 from funnel.web.grpc import open_inference_pb2 as pb
 
 def fields(message):
@@ -27,7 +29,8 @@ def fields(message):
             yield from fields(nested)
     yield message.full_name, out
 
-print(json.dumps(dict(kv for m in pb.DESCRIPTOR.message_types_by_name.values() for kv in fields(m))))
+print(json.dumps(dict(kv for module in (pb, config) for m in module.DESCRIPTOR.message_types_by_name.values()
+                      for kv in fields(m))))
 print(json.dumps({m.name: [m.input_type.full_name, m.output_type.full_name]
                   for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}))
 """
@@ -38,7 +41,7 @@ def test_generated_modules_are_current():
 
 
 def test_a_stale_module_is_found(tmp_path, monkeypatch):
-    for name in (generate.PROTO, *generate.OUTPUTS):
+    for name in (*generate.PROTOS, *generate.OUTPUTS):
         shutil.copy(generate.HERE / name, tmp_path / name)
     with open(tmp_path / generate.OUTPUTS[0], "a") as module:
         module.write("# edited by hand\n")
@@ -62,7 +65,8 @@ def test_messages_and_service_match_tritons():
         method = service.methods_by_name[name]
         assert [method.input_type.full_name, method.output_type.full_name] == [request, response]
     assert len(ours) >= 17 and set(methods) == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                                                "ModelMetadata", "ModelInfer"}
+                                                "ModelMetadata", "ModelInfer", "ModelConfig", "ModelStatistics"}
+    assert "inference.ModelConfig" in ours and "inference.ModelStatistics" in ours
 
 
 def test_the_settings_leave_the_messages_unloaded():

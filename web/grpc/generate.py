@@ -1,4 +1,5 @@
-"""Regenerate open_inference_pb2.py, its .pyi and open_inference_pb2_grpc.py from open_inference.proto.
+"""Regenerate open_inference_pb2.py, its .pyi and open_inference_pb2_grpc.py from open_inference.proto, and
+model_config_pb2.py and its .pyi from model_config.proto (Triton's, which it imports).
 
     python -m funnel.web.grpc.generate [--check]
 
@@ -16,8 +17,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROTO = "open_inference.proto"
+PROTOS = (PROTO, "model_config.proto")
 PACKAGE = Path("funnel", "web", "grpc")  # the import path the generated modules name each other by
-OUTPUTS = ("open_inference_pb2.py", "open_inference_pb2.pyi", "open_inference_pb2_grpc.py")
+OUTPUTS = ("open_inference_pb2.py", "open_inference_pb2.pyi", "open_inference_pb2_grpc.py", "model_config_pb2.py",
+           "model_config_pb2.pyi")
 
 
 def generate(into: Path) -> None:
@@ -25,9 +28,13 @@ def generate(into: Path) -> None:
 
     source = into / "src"
     (source / PACKAGE).mkdir(parents=True)
-    shutil.copy(HERE / PROTO, source / PACKAGE / PROTO)
+    for proto in PROTOS:
+        shutil.copy(HERE / proto, source / PACKAGE / proto)
     status = protoc.main(["protoc", f"-I{source}", f"--python_out={into}", f"--pyi_out={into}",
                           f"--grpc_python_out={into}", str(source / PACKAGE / PROTO)])
+    if status == 0:  # the configuration has no service: its messages only
+        status = protoc.main(["protoc", f"-I{source}", f"--python_out={into}", f"--pyi_out={into}",
+                              str(source / PACKAGE / PROTOS[1])])
     if status != 0:
         raise SystemExit(f"protoc failed with {status}")
 
@@ -37,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         stale = [name for name in OUTPUTS
-                 if (Path(tmp) / PACKAGE / name).read_bytes() != (HERE / name).read_bytes()]
+                 if not (HERE / name).is_file()
+                 or (Path(tmp) / PACKAGE / name).read_bytes() != (HERE / name).read_bytes()]
         if check:
             if stale:
                 print(f"stale: {', '.join(stale)}; run python -m funnel.web.grpc.generate", file=sys.stderr)

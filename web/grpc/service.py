@@ -6,6 +6,8 @@
     ModelReady                       whether a live worker serves the model (version)
     ModelInfer                       Pipeline.infer with this module's parser, rendered as /v2 renders
                                      (protocols/v2.py), in raw_output_contents
+    ModelConfig, ModelStatistics     Triton's, as GET /v2/models/<name>/config and /stats answer them
+                                     (web/introspection.py), parsed into Triton's messages
 
 Every other RPC needs an API key where FUNNEL_API_KEYS is set, in the call's
 `authorization` metadata (`Bearer <key>`). A failure is the protocol's status
@@ -23,15 +25,17 @@ from typing import Any, TypeVar
 
 import grpc
 import redis
+from google.protobuf import json_format
 
 from funnel.common.contracts import priority
 from funnel.common.errors import BadInput, FunnelError, Unavailable, queue_unavailable
 from funnel.common.observability import logs
 from funnel.common.tasks import Task
-from funnel.web import errors, readiness
+from funnel.web import errors, introspection, readiness
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
+from funnel.web.grpc.model_config_pb2 import ModelConfig
 from funnel.web.pipeline import Answered, Origin, Pipeline, Work
 from funnel.web.protocols import v2
 from funnel.web.queueing.cache_plan import x_cache
@@ -174,6 +178,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         async def answer(origin: Origin):
             return await self.pipeline.infer(self.parser, request, request.model_name, request.model_version or None,
                                              lambda: self._timeout_s(context), origin, render)
+        return await self._answer(context, answer)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+        return await self._read(context, lambda: pb.ModelConfigResponse(config=json_format.ParseDict(
+            introspection.model_config(self.pipeline, request.name, request.version or None), ModelConfig())))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        return await self._read(context, lambda: json_format.ParseDict(
+            introspection.model_statistics(self.pipeline, request.name, request.version or None),
+            pb.ModelStatisticsResponse()))
+
+    async def _read(self, context: grpc.aio.ServicerContext, read: Callable[[], Answer]) -> Answer:
+        """read()'s answer, on a thread (it reads Redis), once the call's key is checked."""
+        async def answer(origin: Origin) -> Answer:
+            return await asyncio.to_thread(read)
         return await self._answer(context, answer)
 
     def _timeout_s(self, context: grpc.aio.ServicerContext) -> float:

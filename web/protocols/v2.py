@@ -49,7 +49,7 @@ log = logging.getLogger("funnel.web")
 
 PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 BYTES_INPUT = {"image": "IMAGE", "text": "TEXT", "json": "JSON", "file": "FILE"}
-EXTENSIONS = ["classification", "binary_tensor_data"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics"]
 
 
 def server_version() -> str:
@@ -60,8 +60,10 @@ def server_version() -> str:
 
 
 def metadata(task: Task, versions: list[int]) -> dict[str, Any]:
-    """The model as GET /v2/models/<name> states it: either input form, and the raw outputs."""
-    inputs: list[dict[str, Any]] = [{"name": BYTES_INPUT[task.input_kind], "datatype": "BYTES", "shape": [-1]}]
+    """The model as GET /v2/models/<name> states it: either input form, and the raw outputs. The encoded
+    input is [-1, 1], one element an item, as Triton states a batched model's input (its dims are never
+    empty, and perf_analyzer sends what they say); [n] is taken as well."""
+    inputs: list[dict[str, Any]] = [{"name": BYTES_INPUT[task.input_kind], "datatype": "BYTES", "shape": [-1, 1]}]
     for name, declared in fixed_inputs(task).items():
         inputs.append({"name": name, "datatype": NAMES_OF[declared["dtype"]], "shape": [-1, *declared["shape"]]})
     return {"name": task.spec.name, "versions": [str(v) for v in versions], "platform": f"funnel_{task.spec.task}",

@@ -9,6 +9,7 @@ from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
 from funnel.common.errors import FunnelError
+from funnel.web import introspection
 from funnel.web.pipeline import Pipeline
 from funnel.web.protocols import v2
 from funnel.web.readiness import model_live, models_without_workers
@@ -19,7 +20,8 @@ def error_response(message: str, status: int) -> Response:
 
 
 def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
-    """Server metadata, liveness and readiness, model metadata and readiness."""
+    """Server metadata, liveness and readiness, model metadata and readiness; Triton's model configuration
+    and statistics."""
     catalog = pipeline.catalog
 
     @routes.get("")
@@ -49,6 +51,17 @@ def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
             return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
                                                                     else ""), 503)
         return {"name": name, "ready": True}
+
+    @routes.get("/models/<name>/config")
+    @routes.get("/models/<name>/versions/<model_version>/config")
+    def model_config(name: str, model_version: str | None = None):
+        return introspection.model_config(pipeline, name, model_version)
+
+    @routes.get("/models/stats")
+    @routes.get("/models/<name>/stats")
+    @routes.get("/models/<name>/versions/<model_version>/stats")
+    def model_statistics(name: str = "", model_version: str | None = None):
+        return introspection.model_statistics(pipeline, name, model_version)
 
 
 def create_blueprint(pipeline: Pipeline) -> Blueprint:
