@@ -357,3 +357,18 @@ def one_paced_worker(tmp_path_factory, model: str, web_env: dict[str, str], **st
                                               **web_env}, **stack) as running:
         yield running
 
+
+def worker_totals(stack, model: str) -> tuple[float, float]:
+    """The batches and items the model's workers have run, summed from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body, _ = http("GET", f"{stack.url}/metrics")
+    assert status == 200
+    text = body["_text"]
+    totals = {"batches": 0.0, "items": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for name in totals:
+                if sample.name == f"funnel_worker_{name}_total" and sample.labels.get("model") == model:
+                    totals[name] += sample.value
+    return totals["batches"], totals["items"]

@@ -9,6 +9,8 @@ a step's failure, a deadline and a client that leaves each stop what they should
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +18,11 @@ import pytest
 
 from funnel.scripts.prepare_model import DEFAULT_MODELS
 from tests import toy_model
-from tests.support import http, multipart, wait_for
+from tests.support import http, multipart, wait_for, worker_totals
 from tests.toy_model import funnel
 
 CHAIN = "label-words"
+EACH = "each-score"  # toyscore's EachScore: each vector of a list scored by py-score
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,14 @@ def store(model_store, tmp_path_factory) -> Path:
         (store / name).symlink_to(model_store / name, target_is_directory=True)
     done = funnel("add", CHAIN, "--store", str(store), "--task", "labelwords.tasks:LabelWords",
                   "--steps", "image-classifier,text-embedding", "--set", "labels=3", "--batch-size", "8",
+                  env=toy_model.outside_env())
+    assert done.returncode == 0, done.stderr
+    # a fan-out of the toy scorer run in Python (tests/third_party/toyscore): its inputs that fail, hang
+    # or crash, and a pace, so that a request of many vectors lasts a while
+    work = tmp_path_factory.mktemp("chain-work")
+    toy_model.add_python(store, work, "py-score", "--set", "pace_batch_s=0.1", "--set", "predict_timeout_s=3",
+                         "--batch-size", "4")
+    done = funnel("add", EACH, "--store", str(store), "--task", "toyscore.tasks:EachScore", "--steps", "py-score",
                   env=toy_model.outside_env())
     assert done.returncode == 0, done.stderr
     return store
@@ -75,22 +86,6 @@ def test_the_registry_lists_the_chain_as_served_by_a_chain_worker(stack):
     assert chain["workers"] and all(w.get("backend") == "chain" for w in chain["workers"]), chain
 
 
-def worker_totals(stack, model: str) -> tuple[float, float]:
-    """The batches and items the model's workers have run, summed from /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, body, _ = http("GET", f"{stack.url}/metrics")
-    assert status == 200
-    text = body["_text"]
-    totals = {"batches": 0.0, "items": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            for name in totals:
-                if sample.name == f"funnel_worker_{name}_total" and sample.labels.get("model") == model:
-                    totals[name] += sample.value
-    return totals["batches"], totals["items"]
-
-
 def test_concurrent_chains_fan_out_into_the_text_models_shared_batches(stack, cat_jpeg):
     batches, items = worker_totals(stack, "text-embedding")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -106,3 +101,51 @@ def test_concurrent_chains_fan_out_into_the_text_models_shared_batches(stack, ca
              what="the text model's workers to count the fan-out's items")
     batches_after, items_after = worker_totals(stack, "text-embedding")
     assert batches_after - batches < items_after - items  # the fan-outs shared batches
+
+
+def score_each(stack, vectors: list, headers: dict | None = None):
+    return http("POST", f"{stack.url}/v1/models/{EACH}/predict", json_body={"input": vectors},
+                headers=headers)
+
+
+def test_an_element_the_step_fails_answers_its_error_in_place_and_the_rest(stack):
+    vectors = [[1, 2, 3, 4], [666, 0, 0, 0], [777, 0, 0, 0], [0.5, -1, 2, 0]]
+    status, answer, _ = score_each(stack, vectors)
+    assert status == 200, answer
+    each = answer["each"]
+    assert each[1]["error"]["code"] == "refused_by_model" and each[1]["error"]["status"] == 400
+    assert each[2]["error"]["status"] == 500
+    for i in (0, 3):
+        status, alone, _ = http("POST", f"{stack.url}/v1/models/py-score/predict", json_body={"input": vectors[i]})
+        assert status == 200
+        np.testing.assert_allclose(each[i]["scores"], alone["scores"], atol=1e-6)
+
+
+def test_a_step_past_the_requests_deadline_ends_the_request_and_not_the_chain(stack):
+    status, answer, _ = score_each(stack, [[1, 2, 3, 4], [999, 0, 0, 0]], {"X-Request-Timeout": "1"})
+    assert status == 504, answer  # the hung element outlasts the request
+    status, answer, _ = score_each(stack, [[1, 2, 3, 4]])  # the chain's worker serves on
+    assert status == 200, answer
+
+
+def test_a_client_that_leaves_has_its_steps_not_yet_run_dropped(stack):
+    import redis
+
+    from funnel.common.contracts import registry
+    from funnel.common.contracts.keys import Keys
+
+    client = redis.Redis.from_url(stack.redis_url)
+
+    def left() -> float:
+        return sum(registry.counter(w, "left") for w in registry.live_workers(client, Keys())
+                   if w.get("model") == "py-score")
+
+    before = left()
+    body = json.dumps({"input": [[1, 2, 3, i] for i in range(40)]}).encode()  # ten batches of four, 0.1 s each
+    port = int(stack.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"POST /v1/models/%s/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (EACH.encode(), len(body), body))
+        wait_for(lambda: client.llen(Keys().queue("py-score")) > 0, what="the fan-out queued")
+    # the web tier marks the chain's job gone; its worker marks its step jobs; py-score's worker drops them
+    wait_for(lambda: left() >= before + 20, timeout_s=30, what="the steps not yet run dropped")

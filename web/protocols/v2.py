@@ -12,7 +12,8 @@ A model's tensors, as clients written for Triton and KServe send them:
 A request's n items are queued as one job (one per worker batch when more), answered with the model's own output
 rows stacked to [n, ...] (FP32; rows of different shapes zero-padded, which the
 output's parameters "padded" and "row_shapes" say), or as "score:index:label"
-strings with the classification extension. Errors are {"error": "<message>"}.
+strings with the classification extension; an output whose rows are not numbers
+(a chain's lines, each a box with its text) as BYTES, one JSON document a row. Errors are {"error": "<message>"}.
 """
 
 from __future__ import annotations
@@ -172,6 +173,13 @@ def classify(rows: list[np.ndarray], k: int, labels) -> list[bytes]:
     return out
 
 
+def structured(value: Any) -> bool:
+    """Whether an output row is JSON (maps, strings, lists of them), not numbers."""
+    if isinstance(value, (dict, str)):
+        return True
+    return isinstance(value, list) and any(isinstance(each, (dict, str, list)) for each in value)
+
+
 def outputs_of(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Reply]
                    ) -> tuple[list[dict], list[bytes]]:
     """The requested outputs, each the replies' rows stacked to [n, ...] (rows of different shapes
@@ -179,7 +187,12 @@ def outputs_of(task: Task, wanted: list[tuple[str, bool, int]], replies: list[Re
     outputs: list[dict] = []
     chunks: list[bytes] = []
     for output, binary, classes in wanted:
-        rows = [np.asarray((r.outputs or {})[output], dtype=np.float32) for r in replies]
+        values = [(r.outputs or {})[output] for r in replies]
+        if any(structured(value) for value in values):  # a chain's lines, boxes with their texts: JSON each
+            outputs.append(output_entry(output, [orjson.dumps(value) for value in values], [len(values)], binary,
+                                        chunks, {"content_type": "application/json"}))
+            continue
+        rows = [np.asarray(value, dtype=np.float32) for value in values]
         if classes:
             k = min(classes, min(row.size for row in rows))
             outputs.append(output_entry(output, classify(rows, k, task.class_labels()), [len(rows), k],

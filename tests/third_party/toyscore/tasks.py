@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from funnel.common.errors import BadInput
-from funnel.common.tasks import Inputs, Task
+from funnel.common.tasks import Chain, Inputs, StepFailed, Task
 from funnel.common.tasks.buckets import group_by_width
 
 
@@ -175,3 +175,22 @@ class ScaledByWidth(ScaledList):
 
     def buckets(self, items: list[Inputs]) -> list[list[int]]:
         return group_by_width([len(item["values"]) for item in items], float(self.spec.config.get("run_cost", 0)))
+
+
+class EachScore(Chain):
+    """A chain of one step, its model.json's: every vector of a list scored by that model, one job each (a
+    fan-out), answered in order, a vector the model fails with its error in its place."""
+
+    input_kind = "json"
+
+    def preprocess(self, item: Any) -> Inputs:
+        if type(item) is not list or not item:
+            raise BadInput("each input is a non-empty list of vectors", code="bad_vector")
+        return {"vectors": np.stack([self.step_task(0).preprocess(vector)["vector"] for vector in item])}
+
+    def next_items(self, step, item, context, done):
+        return [{"vector": vector} for vector in item["vectors"]]
+
+    def answer(self, item, context, done) -> dict[str, Any]:
+        return {"each": [{"error": {**score.public(), "status": score.status}} if isinstance(score, StepFailed)
+                         else score for score in done[0]]}
