@@ -139,6 +139,11 @@ function setupImage(panel) {
     data.append("file", file, file.name);
     const body = await predict(panel, {body: data});
     if (!body) return;
+    if (Array.isArray(body.lines)) {  // a reading of the page (the OCR chain): its lines boxed on it
+      setResult(panel, "done", lines(preview.src, preview.naturalWidth, preview.naturalHeight, body.lines),
+                timings(body.roundTripMs, body.meta));
+      return;
+    }
     if (!Array.isArray(body.predictions)) {  // an image model of another task: show its answer as is
       setResult(panel, "done", jsonView(body), timings(body.roundTripMs, body.meta));
       return;
@@ -162,6 +167,28 @@ function setupImage(panel) {
     event.preventDefault();
     choose(event.dataTransfer && event.dataTransfer.files[0]);
   });
+}
+
+// The page with each line's box drawn on it (an SVG over the image, in the image's own pixels), and
+// the lines read, in order: a line answered with an error is boxed apart and names it.
+function lines(src, width, height, found) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("class", "boxes");
+  found.forEach((line, i) => {
+    const shape = document.createElementNS("http://www.w3.org/2000/svg", "polygon");
+    shape.setAttribute("points", line.box.map(([x, y]) => `${x},${y}`).join(" "));
+    shape.setAttribute("class", line.error ? "failed" : "read");
+    const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+    title.textContent = `${i + 1}: ${line.error ? line.error.message : line.text}`;
+    shape.append(title);
+    svg.append(shape);
+  });
+  const page = el("div", {class: "page"}, el("img", {src, alt: "the page read"}), svg);
+  const list = el("ol", {class: "lines"}, ...found.map(line => el("li", {},
+    line.error ? el("span", {class: "failed"}, line.error.message) : el("span", {class: "text"}, line.text),
+    line.error ? null : el("span", {class: "pct"}, `${(line.confidence * 100).toFixed(1)}%`))));
+  return el("div", {class: "reading"}, page, found.length ? list : el("p", {}, "No text found."));
 }
 
 // -- text --------------------------------------------------------------------
