@@ -65,7 +65,8 @@ def test_messages_and_service_match_tritons():
         method = service.methods_by_name[name]
         assert [method.input_type.full_name, method.output_type.full_name] == [request, response]
     assert len(ours) >= 17 and set(methods) == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                                                "ModelMetadata", "ModelInfer", "ModelConfig", "ModelStatistics"}
+                                                "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
+                                                "ModelStatistics"}
     assert "inference.ModelConfig" in ours and "inference.ModelStatistics" in ours
 
 

@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelConfigRequest.SerializeToString,
@@ -115,6 +120,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStreamInfer(self, request_iterator, context):
+        """Triton's stream: any number of requests, each answered under its id as it is done
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModelConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -159,6 +171,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.FromString,
                     response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
@@ -333,6 +350,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,8 @@
     ModelReady                       whether a live worker serves the model (version)
     ModelInfer                       Pipeline.infer with this module's parser, rendered as /v2 renders
                                      (protocols/v2.py), in raw_output_contents
+    ModelStreamInfer                 Triton's stream: each request of it as ModelInfer's, answered as it
+                                     is done, a failure in error_message, the stream going on
     ModelConfig, ModelStatistics     Triton's, as GET /v2/models/<name>/config and /stats answer them
                                      (web/introspection.py), parsed into Triton's messages
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -168,17 +170,72 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        async def answer(origin: Origin):
+            return await self.pipeline.infer(self.parser, request, request.model_name, request.model_version or None,
+                                             lambda: self._timeout_s(context), origin, self._render(request))
+        return await self._answer(context, answer)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request of the stream answered under its id as soon as its own items are done, in whatever
+        order they finish; a failure is that request's error_message, and the stream goes on. The stream
+        ending, or cancelled, cancels its requests still waiting: their jobs are marked, as a client's that
+        left (web/pipeline.py)."""
+        try:
+            origin = self._origin(context)
+        except FunnelError as exc:
+            code, message, trailing = status_of(exc)
+            await context.abort(code, message, trailing_metadata=trailing)
+        answered: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            self.in_flight += 1
+            try:
+                if self.draining:
+                    raise Unavailable("this server is stopping; call again")
+                response = await self.pipeline.infer(
+                    self.parser, request, request.model_name, request.model_version or None,
+                    lambda: self.settings.request_timeout_s, origin, self._render(request))
+                await answered.put(pb.ModelStreamInferResponse(infer_response=response))
+            except Exception as exc:  # this request's failure, on the stream that goes on
+                _, message, _ = status_of(exc)
+                which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
+                                              id=request.id)
+                await answered.put(pb.ModelStreamInferResponse(error_message=message, infer_response=which))
+            finally:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self.idle.set()
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(set(running))
+            await answered.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await answered.get()) is not None:
+                yield response
+        finally:  # the stream is over or cancelled: whatever still waits is nobody's
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    @staticmethod
+    def _render(request: pb.ModelInferRequest) -> Callable[[Task, Work[v2.Wanted], Answered], pb.ModelInferResponse]:
+        """How a request's answer becomes its response, as /v2 renders it (protocols/v2.py)."""
         def render(task: Task, work: Work[v2.Wanted], answered: Answered) -> pb.ModelInferResponse:
             outputs, chunks = v2.outputs_of(task, work.kept.outputs, answered.replies)
             response = infer_response(task.spec.name, task.spec.version, request.id, outputs, chunks)
             if answered.cache:  # whether the result cache answered it, as /v2's parameters say
                 response.parameters["cache"].string_param = x_cache(answered.cache).lower()
             return response
-
-        async def answer(origin: Origin):
-            return await self.pipeline.infer(self.parser, request, request.model_name, request.model_version or None,
-                                             lambda: self._timeout_s(context), origin, render)
-        return await self._answer(context, answer)
+        return render
 
     async def ModelConfig(self, request: pb.ModelConfigRequest,
                           context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
