@@ -131,13 +131,14 @@ def perf_analyzer() -> tuple[list[str], dict[str, str]]:
     return [str(binary)], {**os.environ, "LD_LIBRARY_PATH": f"{libraries}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "grpc", "grpc --streaming"])
 def test_perf_analyzer_runs_and_agrees_with_metrics(stack, over_http, protocol):
     command, env = perf_analyzer()
+    protocol, *streaming = protocol.split()  # --streaming: ModelStreamInfer, one stream per client
     url = stack.url.removeprefix("http://") if protocol == "http" else f"127.0.0.1:{stack.grpc_port}"
     scrape = scraped(stack)
     before = over_http.get_inference_statistics(TEXT)["model_stats"][0]
-    run = subprocess.run([*command, "-m", TEXT, "-u", url, "-i", protocol, "--concurrency-range", "1:32:8",
+    run = subprocess.run([*command, "-m", TEXT, "-u", url, "-i", protocol, *streaming, "--concurrency-range", "1:32:8",
                           "--shared-memory", "none", "--measurement-interval", "1000", "--max-trials", "4",
                           "--stability-percentage", "1000"],
                          capture_output=True, text=True, env=env, timeout=240)
