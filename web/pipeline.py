@@ -35,6 +35,7 @@ the queue: its items are answered into the job's results, not awaited.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator
@@ -164,6 +165,9 @@ class Inference:
     lane: str = priority.NORMAL  # as admitted (queueing/admission.py)
     trace: tracing.Trace | tracing.NoTrace = tracing.NO_TRACE  # marks the steps from enqueue on
     cache: CachePolicy = CachePolicy()  # the model's result cache (off unless its model.json asks)
+    # A streamed request's: each job's reply as it comes, with the index of its first item and its count
+    # of items (a cached model's come together at the end)
+    each: Callable[[int, int, Reply], None] | None = None
 
     def left_s(self) -> float:
         return (self.deadline - now_ms()) / 1000
@@ -214,8 +218,9 @@ class Pipeline:
         self._unawaited: set[asyncio.Future] = set()
 
     async def respond(self, adapter: Adapter, request: Request, name: str, version: str | None = None,
-                      origin: Origin = Origin()) -> Rendered:
-        """A predict-like request, whole: its status, body and headers, an error included."""
+                      origin: Origin = Origin(), each: Callable[[int, int, Reply], None] | None = None) -> Rendered:
+        """A predict-like request, whole: its status, body and headers, an error included; a streamed one
+        also hands each job's reply to each(its first item's index, its items, reply) as it comes."""
         try:
             cap_s = self.settings.request_timeout_s
 
@@ -225,14 +230,15 @@ class Pipeline:
                 return body, [*headers, ("X-Priority", answered.lane), *cached]  # the lane served: it may be lower
 
             body, headers = await self.infer(adapter, request, name, version,
-                                             lambda: request_timeout(request.headers, cap_s), origin, render)
+                                             lambda: request_timeout(request.headers, cap_s), origin, render, each)
             return 200, body, headers
         except Exception as exc:
             return adapter.render_error(exc, request)
 
     async def infer(self, parser: Parser, request: Any, name: str, version: str | None,
                     timeout_s: Callable[[], float], origin: Origin,
-                    render: Callable[[Task, Work, Answered], Rendering]) -> Rendering:
+                    render: Callable[[Task, Work, Answered], Rendering],
+                    each: Callable[[int, int, Reply], None] | None = None) -> Rendering:
         """Steps 1 to 7, whatever protocol parses and renders (the HTTP adapters, the gRPC service),
         in one span when tracing is on. timeout_s is asked once the request is read, so that a bad
         model or body is told before a bad deadline."""
@@ -249,7 +255,7 @@ class Pipeline:
             replies, cache = await self.run(Inference(
                 model=name, version=task.spec.version, items=prepared, contexts=contexts,
                 deadline=now_ms() + int(timeout_s() * 1000), raw=work.raw, origin=origin, lane=lane, trace=trace,
-                cache=task.cache))
+                cache=task.cache, each=each))
             trace.step("render")
             return render(task, work, Answered(replies, prepared, lane, cache))
 
@@ -378,6 +384,10 @@ class Pipeline:
         parts = job_parts(request.items, request.contexts, job_size(capacity, len(request.items)))
 
         async def collect(answer: list, waiter: Waiter, ids: list[str]) -> list[Reply]:
+            if request.each is not None:
+                first = dict(zip(ids, zip(itertools.accumulate((len(part) for part in parts[0]), initial=0),
+                                          (len(part) for part in parts[0]))))
+                waiter.follow(lambda reply: request.each(*first[reply.id], reply))  # type: ignore[misc]
             return await self.inbox.collect(waiter, ids, request.deadline)
 
         limit = self.admission.limit(request.origin.label, bool(request.origin.owner))

@@ -7,6 +7,8 @@
 
 One item sent alone is answered at the top level; several, as "results" in
 request order. Errors are {"error": {"code", "message"}} (web/errors.py).
+With `Accept: text/event-stream` (or `application/x-ndjson`) the items are
+answered as their jobs are, an event each, then a last event (`Events`).
 A predict that asks for a job (`Prefer: respond-async`, `Webhook-URL`) is the
 job routes' (routes/jobs.py): the front sends it there.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import orjson
 from werkzeug.wrappers import Request
 
+from funnel.common.contracts.wire import Reply
 from funnel.common.observability import logs
 from funnel.common.tasks import Task
 from funnel.web import errors
@@ -72,3 +75,67 @@ class V1:
             log.exception("predict failed", exc_info=error)
         status, body, headers = errors.render(error, request)
         return status, orjson.dumps(body), headers
+
+
+# -- streamed answers ------------------------------------------------------------------------------
+
+STREAMS = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
+
+
+def stream_kind(accept: str) -> str | None:
+    """The stream a request's Accept asks for (Server-Sent Events or JSON lines), or None: one JSON answer."""
+    asked = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    return next((STREAMS[kind] for kind in asked if kind in STREAMS), None)
+
+
+class Events:
+    """One streamed answer: an event per item as its job is answered, in whatever order, then a last one.
+
+    An item's event is what the JSON answer gives it in "results", with its "index" and its "meta"; an
+    item whose job failed has {"index", "error"} with the code the JSON answer would have. The last
+    event is {"done": true, "items": n} (SSE `event: done`), or the request's own error, as the JSON
+    answer's body, with its "status" (SSE `event: error`).
+    """
+
+    def __init__(self, kind: str, model: str):
+        self.kind, self.model = kind, model
+        self.content_type = "text/event-stream" if kind == "sse" else "application/x-ndjson"
+        self.request_id = logs.REQUEST_ID.get()
+
+    def items(self, first: int, count: int, reply: Reply, lane: str) -> bytes:
+        """The events of one job's items, from its reply."""
+        if not reply.ok:
+            error = {"code": (reply.error or {}).get("code", "inference_failed"),
+                     "message": (reply.error or {}).get("message", "")}
+            return b"".join(self._event("item", first + i, {"index": first + i, "error": error})
+                            for i in range(count))
+        meta = {"worker": reply.worker, "model_version": reply.version, "batch_size": reply.batch_size,
+                "queue_ms": round(reply.queue_ms, 2), "infer_ms": round(reply.infer_ms, 2),
+                "request_id": self.request_id, "priority": lane}
+        return b"".join(self._event("item", first + i, {"index": first + i, **(item.outputs or {}), "meta": meta})
+                        for i, item in enumerate(reply.each()))
+
+    def whole(self, body: bytes) -> bytes:
+        """The events of every item of a whole JSON answer (a cached model's, answered at once)."""
+        answer = orjson.loads(body)
+        if "results" not in answer:  # one item, answered at the top level
+            return self._event("item", 0, {"index": 0, **{k: v for k, v in answer.items() if k != "model"}})
+        return b"".join(self._event("item", i, {"index": i, **result, "meta": meta})
+                        for i, (result, meta) in enumerate(zip(answer["results"], answer["meta"])))
+
+    @staticmethod
+    def count(body: bytes) -> int:
+        answer = orjson.loads(body)
+        return len(answer["results"]) if "results" in answer else 1
+
+    def end(self, status: int, body: bytes, items: int) -> bytes:
+        if status == 200:
+            return self._event("done", None, {"done": True, "model": self.model, "items": items})
+        return self._event("error", None, {**orjson.loads(body), "status": status})
+
+    def _event(self, name: str, index: int | None, data: dict) -> bytes:
+        line = orjson.dumps(data, option=OPTIONS)
+        if self.kind == "ndjson":
+            return line + b"\n"
+        return (f"id: {index}\n" if index is not None else "").encode() + f"event: {name}\ndata: ".encode() \
+            + line + b"\n\n"

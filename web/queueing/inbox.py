@@ -57,6 +57,14 @@ class Waiter:
         self.future: asyncio.Future[list[Reply]] = self.loop.create_future()
         self.count = count
         self.got: list[Reply] = []
+        self.each: Callable[[Reply], None] | None = None  # a streamed request's: each reply as it comes
+
+    def follow(self, each: Callable[[Reply], None]) -> None:
+        """each(reply) for every reply, those in already first, as they come (on the loop's thread): a
+        streamed request's items are answered as their jobs are."""
+        for reply in self.got:
+            each(reply)
+        self.each = each
 
     def put(self, item: Reply | Exception) -> None:
         self.loop.call_soon_threadsafe(self._add, item)
@@ -68,6 +76,8 @@ class Waiter:
             self.future.set_exception(item)
             return
         self.got.append(item)
+        if self.each is not None:
+            self.each(item)
         if len(self.got) == self.count:
             self.future.set_result(self.got)
 

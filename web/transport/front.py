@@ -100,6 +100,11 @@ class Front:
                 raise
             if adapter is self.openai:  # its model is named in the body, not the path
                 params = {"name": self.openai.model_of(request)}
+            streamed = v1.stream_kind(environ.get("HTTP_ACCEPT", "")) if adapter is self.v1 else None
+            if streamed is not None:
+                status = await self._stream(scope, send, request, params, origin, v1.Events(streamed, params["name"]))
+                self._count(params.get("name", ""), status, started, request, origin, [])
+                return
         except Exception as exc:
             status, data, headers = adapter.render_error(exc, request)
         else:
@@ -121,6 +126,57 @@ class Front:
             if not left:
                 raise  # the server is stopping, not the client leaving
             return CLIENT_LEFT, b"", []
+
+    async def _stream(self, scope: Any, send, request: PredictRequest, params: dict[str, str], origin: Origin,
+                      events: v1.Events) -> int:
+        """A /v1 predict answered as a stream (protocols/v1.py, `Events`): once its first job is answered,
+        a 200 and each job's items as events as they come, then the last event; a request that fails
+        before any item is answered gets its JSON error as it would unstreamed. The status, to count
+        (CLIENT_LEFT if the client leaves first: its jobs not yet run are dropped)."""
+        left = _on_leave(scope)
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        answered = [0]
+
+        def each(first: int, count: int, reply) -> None:
+            answered[0] += count
+            chunks.put_nowait(events.items(first, count, reply, origin.priority))
+
+        respond = asyncio.ensure_future(self.pipeline.respond(self.v1, request, params["name"], params.get("version"),
+                                                              origin, each))
+        opened = False
+
+        async def chunk(data: bytes, more: bool = True) -> None:
+            nonlocal opened
+            if not opened:
+                opened = True
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", events.content_type.encode()), (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"), (b"x-request-id", events.request_id.encode())]})
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
+        try:
+            if left:  # gone while its request was read: nothing to queue
+                raise asyncio.CancelledError
+            while not respond.done() or not chunks.empty():
+                getter = asyncio.ensure_future(chunks.get())
+                await asyncio.wait({getter, respond}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    await chunk(getter.result())
+                else:
+                    getter.cancel()
+            status, body, headers = respond.result()
+            if not opened and status != 200:
+                await _answer(send, status, body, headers, events.request_id)
+                return status
+            if not answered[0] and status == 200:  # a cached model's items come whole: an event each
+                await chunk(events.whole(body))
+            await chunk(events.end(status, body, answered[0] or events.count(body)), more=False)
+            return status
+        except asyncio.CancelledError:
+            respond.cancel()  # its jobs marked as a leaving client's (web/pipeline.py)
+            if not left:
+                raise  # the server is stopping, not the client leaving
+            return CLIENT_LEFT
 
     def _origin(self, request_id: str, environ: dict[str, Any], asked_priority: str | None) -> Origin:
         """Who sent the request (401 without a key where keys are set; 400 for a priority that is no lane)."""
