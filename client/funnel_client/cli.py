@@ -242,6 +242,16 @@ def bulk_items(source: TextIO, kind: str) -> list:
     return lines
 
 
+def follow(client: Client, job_id: str, bar: ProgressBar) -> dict:
+    """The job's final status, its progress shown as the server's events say it moves."""
+    for name, status in client.events(job_id):
+        if name in ("progress", "done"):
+            bar.show(status)
+        if name == "done":
+            return status
+    return client.job_status(job_id)  # the events ended without a last one: as it stands
+
+
 def bulk(client: Client, args, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
     """Submit the file as one job, show its progress, write its results as JSON Lines in input order."""
     listing = model_listing(client, args.model)
@@ -262,7 +272,7 @@ def bulk(client: Client, args, stdin: TextIO = sys.stdin, stdout: TextIO = sys.s
     print(f"job {job['id']}: {len(items):,} {what} for {args.model}", file=sys.stderr, flush=True)
     bar = ProgressBar(enabled=not args.quiet)
     try:
-        final = client.wait(job["id"], poll_s=args.poll, progress=bar.show)
+        final = follow(client, job["id"], bar)
     except KeyboardInterrupt:
         bar.close()
         client.cancel(job["id"])
@@ -322,7 +332,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="with --bulk: write the JSON Lines to this file (default: stdout)")
     p.add_argument("--webhook", help="with --bulk: a URL the server POSTs the job's status to when it is final")
     p.add_argument("--quiet", "-q", action="store_true", help="with --bulk: no progress bar")
-    p.add_argument("--poll", type=float, default=0.5, help="with --bulk: seconds between progress polls")
     p.add_argument("--json", action="store_true", help="print the server's JSON instead of a table")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer (default 60)")
     p.add_argument("--retries", type=int, default=3,

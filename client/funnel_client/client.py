@@ -332,6 +332,23 @@ class Client:
         path = f"/v1/models/{urllib.parse.quote(model, safe='')}/predict"
         return self._call("POST", path, body, content_type)
 
+    def stream(self, model: str, texts: Iterable[str] | None = None, *,
+               inputs: Iterable[Any] | None = None) -> Iterator[dict[str, Any]]:
+        """A predict of many texts or JSON inputs, answered as its items are (Server-Sent Events): each
+        item's result as it comes, with its "index" in the request and its "meta", in whatever order they
+        finish; an item whose batch failed as {"index", "error"}. The request's own error raises, as
+        predict's does."""
+        given = [(name, list(value)) for name, value in (("texts", texts), ("inputs", inputs)) if value is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of texts= or inputs=")
+        path = f"/v1/models/{urllib.parse.quote(model, safe='')}/predict"
+        for name, data in self._events("POST", path, json.dumps(dict(given)).encode()):
+            if name == "item":
+                yield data
+            elif name == "error":
+                status = data.pop("status", 500)
+                raise error_for(status, json.dumps(data).encode(), {})
+
     def submit(self, model: str, image: ImageInput | None = None, *, text: str | None = None,
                texts: Iterable[str] | None = None, input: Any = _NOTHING,
                inputs: Iterable[Any] | None = None, file: FileInput | None = None,
@@ -454,6 +471,59 @@ class Client:
                 time.sleep(min(self.max_retry_wait_s, _retry_after_s(headers.get("retry-after"), 1.0)))
                 continue
             raise error_for(response.status, data, headers)
+
+    def events(self, job_id: str, offset: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+        """GET /v1/jobs/<id>/events: the job's Server-Sent Events as they come, ("progress", its status),
+        ("page", {"offset", "results"}) and last ("done", its final status); a stream the server ends, or
+        that breaks off, is resumed from the last event's id (Last-Event-ID)."""
+        path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/events"
+        resume = str(int(offset))
+        for _ in range(1000):  # a server's streams end after minutes; a job of hours resumes that often
+            try:
+                for name, data, event_id in self._events("GET", path, None, {"Last-Event-ID": resume}, ids=True):
+                    resume = event_id or resume
+                    yield name, data
+                    if name == "done":
+                        return
+            except ConnectionFailed:
+                time.sleep(min(self.max_retry_wait_s, 1.0))
+
+    def _events(self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None = None,
+                ids: bool = False) -> Iterator[Any]:
+        """The Server-Sent Events of one request, on a connection of its own: (name, data), with the
+        event's id too when `ids`; an answer that is not a stream raises its error."""
+        connection = self._new_connection()
+        try:
+            try:
+                connection.request(method, self._base_path + path, body=body, headers=self._headers(
+                    "application/json" if body is not None else None,
+                    {"Accept": "text/event-stream", **(headers or {})}))
+                response = connection.getresponse()
+                if response.status != 200 or not (response.getheader("Content-Type") or "").startswith(
+                        "text/event-stream"):
+                    raise error_for(response.status, response.read(),
+                                    {k.lower(): v for k, v in response.getheaders()})
+                name, event_id, data = "message", "", []
+                for raw in response:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if not line:
+                        if data:
+                            parsed = json.loads("\n".join(data))
+                            yield (name, parsed, event_id) if ids else (name, parsed)
+                        name, data = "message", []
+                    elif line.startswith("event:"):
+                        name = line[6:].strip()
+                    elif line.startswith("id:"):
+                        event_id = line[3:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].strip())
+            except TimeoutError as exc:
+                raise Timeout(None, "client_timeout", f"no event from {self.url} within {self.timeout} s") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                raise ConnectionFailed(None, "connection_failed",
+                                       f"{self.url}: the event stream broke off: {_describe(exc)}") from exc
+        finally:
+            connection.close()
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """DELETE /v1/jobs/<id>: items not yet taken never run; the job's status after."""

@@ -391,7 +391,7 @@ def test_cli_bulk_mode_embeds_a_file_as_one_job(stack, tmp_path):
     corpus, out = tmp_path / "corpus.txt", tmp_path / "vectors.jsonl"
     corpus.write_text("\n".join(lines[:150]) + "\n\n" + "\n".join(lines[150:]) + "\n")  # a blank line skipped
     done = run_script("funnel-client", "--url", stack.url, "--model", TEXT, "--bulk", str(corpus),
-                      "--output", str(out), "--poll", "0.1")
+                      "--output", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # the results went to the file; progress and the summary to stderr
     assert "300/300 100%" in done.stderr and "done: 300 results written to" in done.stderr

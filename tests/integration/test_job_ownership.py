@@ -204,7 +204,7 @@ def test_the_python_client_and_funnel_client_send_their_key(stack, tmp_path):
     source, out = tmp_path / "corpus.txt", tmp_path / "vectors.jsonl"
     source.write_text("\n".join(lines) + "\n")
     done = run_script("funnel-client", "--url", stack.url, "--api-key", "keyB", "--model", TEXT, "--bulk",
-                      str(source), "--output", str(out), "--poll", "0.1", "--quiet")
+                      str(source), "--output", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
     assert len(out.read_text().splitlines()) == 40
     job_id = done.stderr.split()[1].rstrip(":")

@@ -27,6 +27,7 @@ FunnelErrors, answered by web/errors.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,6 +46,8 @@ from funnel.web.protocols.inputs import read_files, read_images, read_items, rea
 from funnel.web.settings import WebSettings
 
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
+EVENTS_POLL_S = 0.2  # how often a job's events stream reads it while nothing new is answered
+EVENTS_MAX_S = 300.0  # a job's events stream's longest life: its client resumes from the last id
 
 
 def wants_async(prefer: str) -> bool:
@@ -61,6 +64,7 @@ def install(app: Flask, pipeline: Pipeline, settings: WebSettings) -> None:
     blueprint.add_url_rule("/v1/models/<name>/jobs", "submit", routes.submit, methods=["POST"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "status", routes.status, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>/results", "results", routes.results, methods=["GET"])
+    blueprint.add_url_rule("/v1/jobs/<job_id>/events", "events", routes.events, methods=["GET"])
     blueprint.add_url_rule("/v1/jobs/<job_id>", "cancel", routes.cancel, methods=["DELETE"])
     app.register_blueprint(blueprint)
     app.add_url_rule("/v1/models/<name>/predict", "predict_async", routes.predict_async, methods=["POST"])
@@ -129,8 +133,55 @@ class JobRoutes:
         response.headers["Funnel-Job-State"] = record.state  # as the stream began
         return response
 
+    def events(self, job_id: str) -> Response:
+        """Server-Sent Events of the job: `progress` (its status) as it moves, `page` (the results
+        from `offset` on, in input order) as they are answered, and `done` (its final status) once
+        every result is sent. Each event's id is the offset of the next result, from which a
+        reconnecting client resumes (`Last-Event-ID`, or ?offset=); a stream ends after
+        EVENTS_MAX_S, for the client to resume so. Another key's job is refused as for its status."""
+        caller = auth.caller(self.settings)
+        resumed = request.headers.get("Last-Event-ID", "")
+        offset = int(resumed) if resumed.isascii() and resumed.isdigit() else int_arg("offset", 0, 0, None)
+        self.store.load(job_id, caller)  # 404 or 410 before the stream starts
+
+        def stream() -> Iterator[bytes]:
+            at, shown, ends = offset, None, time.monotonic() + EVENTS_MAX_S
+            while True:
+                try:
+                    record, payloads = self.store.load(job_id, caller, at, MAX_PAGE)
+                except FunnelError as exc:  # expired meanwhile
+                    yield event("error", at, {"error": {"code": exc.code, "message": exc.message}})
+                    return
+                final = record.state in ("done", "failed", "cancelled")
+                ready = payloads if final else payloads[:next((i for i, p in enumerate(payloads) if p is None),
+                                                              len(payloads))]
+                status = record.status()
+                if status["progress"] != shown:
+                    shown = status["progress"]
+                    yield event("progress", at, status)
+                if ready:
+                    yield event("page", at + len(ready), {"offset": at, "results": [result(p) for p in ready]})
+                    at += len(ready)
+                    continue  # more may be answered already
+                if final and at >= record.total:
+                    yield event("done", at, status)
+                    return
+                if time.monotonic() > ends:
+                    return
+                time.sleep(EVENTS_POLL_S)
+
+        response = Response(stream(), mimetype="text/event-stream")
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"
+        return response
+
     def cancel(self, job_id: str) -> Response:
         return jsonify(describe(self.store.cancel(job_id, auth.caller(self.settings))))
+
+
+def event(name: str, next_offset: int, data: dict) -> bytes:
+    """One Server-Sent Event; its id is where a client that reconnects resumes."""
+    return f"id: {next_offset}\nevent: {name}\ndata: ".encode() + orjson.dumps(data, option=OPTIONS) + b"\n\n"
 
 
 def accepted(record: jobs.Record, replayed: bool) -> Response:
