@@ -20,6 +20,7 @@ call on a thread pool inside the client and returns a
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import hashlib
 import hmac
@@ -450,23 +451,14 @@ class Client:
         JSON Lines stream as it comes (None for an item not answered yet), on a connection of its own."""
         path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/results?offset={int(offset)}"
         for attempt in range(self.retries + 1):
-            connection = self._new_connection()
-            try:
-                try:
-                    connection.request("GET", self._base_path + path,
-                                       headers=self._headers(None, {"Accept": "application/x-ndjson"}))
-                    response = connection.getresponse()
-                    if response.status == 200:
-                        yield from _json_lines(response)
-                        return
-                    data, headers = response.read(), {k.lower(): v for k, v in response.getheaders()}
-                except TimeoutError as exc:
-                    raise Timeout(None, "client_timeout", f"no answer from {self.url} within {self.timeout} s") from exc
-                except (OSError, http.client.HTTPException) as exc:
-                    raise ConnectionFailed(None, "connection_failed",
-                                           f"{self.url}: the results stream broke off: {_describe(exc)}") from exc
-            finally:
-                connection.close()
+            with self._streaming("results") as connection:
+                connection.request("GET", self._base_path + path,
+                                   headers=self._headers(None, {"Accept": "application/x-ndjson"}))
+                response = connection.getresponse()
+                if response.status == 200:
+                    yield from _json_lines(response)
+                    return
+                data, headers = response.read(), {k.lower(): v for k, v in response.getheaders()}
             if response.status == 503 and attempt < self.retries:
                 time.sleep(min(self.max_retry_wait_s, _retry_after_s(headers.get("retry-after"), 1.0)))
                 continue
@@ -492,36 +484,39 @@ class Client:
                 ids: bool = False) -> Iterator[Any]:
         """The Server-Sent Events of one request, on a connection of its own: (name, data), with the
         event's id too when `ids`; an answer that is not a stream raises its error."""
+        with self._streaming("event") as connection:
+            connection.request(method, self._base_path + path, body=body, headers=self._headers(
+                "application/json" if body is not None else None, {"Accept": "text/event-stream", **(headers or {})}))
+            response = connection.getresponse()
+            if response.status != 200 or not (response.getheader("Content-Type") or "").startswith(
+                    "text/event-stream"):
+                raise error_for(response.status, response.read(), {k.lower(): v for k, v in response.getheaders()})
+            name, event_id, data = "message", "", []
+            for raw in response:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if not line:
+                    if data:
+                        parsed = json.loads("\n".join(data))
+                        yield (name, parsed, event_id) if ids else (name, parsed)
+                    name, data = "message", []
+                elif line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("id:"):
+                    event_id = line[3:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+
+    @contextlib.contextmanager
+    def _streaming(self, what: str) -> Iterator[http.client.HTTPConnection]:
+        """A connection of its own for a stream, closed after; its failures as the client's errors."""
         connection = self._new_connection()
         try:
-            try:
-                connection.request(method, self._base_path + path, body=body, headers=self._headers(
-                    "application/json" if body is not None else None,
-                    {"Accept": "text/event-stream", **(headers or {})}))
-                response = connection.getresponse()
-                if response.status != 200 or not (response.getheader("Content-Type") or "").startswith(
-                        "text/event-stream"):
-                    raise error_for(response.status, response.read(),
-                                    {k.lower(): v for k, v in response.getheaders()})
-                name, event_id, data = "message", "", []
-                for raw in response:
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                    if not line:
-                        if data:
-                            parsed = json.loads("\n".join(data))
-                            yield (name, parsed, event_id) if ids else (name, parsed)
-                        name, data = "message", []
-                    elif line.startswith("event:"):
-                        name = line[6:].strip()
-                    elif line.startswith("id:"):
-                        event_id = line[3:].strip()
-                    elif line.startswith("data:"):
-                        data.append(line[5:].strip())
-            except TimeoutError as exc:
-                raise Timeout(None, "client_timeout", f"no event from {self.url} within {self.timeout} s") from exc
-            except (OSError, http.client.HTTPException) as exc:
-                raise ConnectionFailed(None, "connection_failed",
-                                       f"{self.url}: the event stream broke off: {_describe(exc)}") from exc
+            yield connection
+        except TimeoutError as exc:
+            raise Timeout(None, "client_timeout", f"no answer from {self.url} within {self.timeout} s") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise ConnectionFailed(None, "connection_failed",
+                                   f"{self.url}: the {what} stream broke off: {_describe(exc)}") from exc
         finally:
             connection.close()
 
