@@ -224,6 +224,10 @@ def test_bulk_job_progress_download_and_cancel(page, tmp_path):
     expect(box).to_have_attribute("data-job-state", re.compile("^(done|failed|cancelled|error)$"), timeout=WAIT_MS)
     assert box.get_attribute("data-job-state") == "done", box.locator(".bulk-status").inner_text()
     expect(box.locator(".bulk-line")).to_have_text("done · 40 / 40")
+    # the results shown as they came (the job's events), each beside its line, in input order
+    expect(box.locator(".bulk-results li")).to_have_count(40)
+    assert box.locator(".bulk-results .text").all_inner_texts() == [line for line in lines if line.strip()]
+    assert all(answer.startswith("384-d [") for answer in box.locator(".bulk-results .answer").all_inner_texts())
     assert float(box.locator("progress").get_attribute("value")) == 1
     expect(box.get_by_role("button", name="Cancel")).to_be_hidden()
     with page.expect_download() as download:

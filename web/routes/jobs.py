@@ -136,7 +136,7 @@ class JobRoutes:
     def events(self, job_id: str) -> Response:
         """Server-Sent Events of the job: `progress` (its status) as it moves, `page` (the results
         from `offset` on, in input order) as they are answered, and `done` (its final status) once
-        every result is sent. Each event's id is the offset of the next result, from which a
+        every result is sent (`expired` if it expires meanwhile). Each event's id is the offset of the next result, from which a
         reconnecting client resumes (`Last-Event-ID`, or ?offset=); a stream ends after
         EVENTS_MAX_S, for the client to resume so. Another key's job is refused as for its status."""
         caller = auth.caller(self.settings)
@@ -150,7 +150,7 @@ class JobRoutes:
                 try:
                     record, payloads = self.store.load(job_id, caller, at, MAX_PAGE)
                 except FunnelError as exc:  # expired meanwhile
-                    yield event("error", at, {"error": {"code": exc.code, "message": exc.message}})
+                    yield event("expired", at, {"error": {"code": exc.code, "message": exc.message}})
                     return
                 final = record.state in ("done", "failed", "cancelled")
                 ready = payloads if final else payloads[:next((i for i, p in enumerate(payloads) if p is None),

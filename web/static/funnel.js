@@ -273,7 +273,7 @@ function setupText(panel) {
 // href that cannot carry a header, would have to become a fetch with the key.
 
 const FINAL_STATES = ["done", "failed", "cancelled"];
-const POLL_MS = 500;
+const SHOWN_RESULTS = 50;  // a bulk job's first results shown on the page as they come
 
 // The error of a failed fetch, as a sentence: the same titles as predict's.
 async function failure(response) {
@@ -289,6 +289,7 @@ function setupBulk(panel) {
   const form = $(box, ".bulk-form"), textarea = $(form, "textarea"), file = $(form, "input[type=file]");
   const start = $(form, "button"), status = $(box, ".bulk-status"), bar = $(status, "progress");
   const line = $(status, ".bulk-line"), cancel = $(status, ".cancel"), download = $(status, ".download");
+  const results = $(status, ".bulk-results");
   let job = null, ticket = 0;
 
   function problem(node) {
@@ -313,23 +314,34 @@ function setupBulk(panel) {
     return final;
   }
 
-  async function poll(mine) {
-    while (mine === ticket) {
-      let response;
-      try {
-        response = await fetch(`/v1/jobs/${job}?limit=0`);
-      } catch {
-        response = null;  // the server is restarting, or the network blinked: the job lives in Redis
+  // The first results, each as it is answered, beside its line; the rest are in the download.
+  function append(page, texts) {
+    page.results.forEach((result, i) => {
+      const index = page.offset + i;
+      if (index >= SHOWN_RESULTS || result === null) return;
+      const answer = result.error ? el("span", {class: "failed"}, result.error.message)
+        : Array.isArray(result.embedding) ? `${result.embedding.length}-d [${result.embedding.slice(0, 3)
+            .map(v => v.toFixed(3)).join(", ")}, …]`
+        : Array.isArray(result.predictions) ? result.predictions[0].label : JSON.stringify(result).slice(0, 80);
+      results.append(el("li", {}, el("span", {class: "text"}, texts[index]), el("span", {class: "answer"}, answer)));
+    });
+  }
+
+  // The job's events (GET /v1/jobs/<id>/events): the browser's EventSource resumes a broken stream from
+  // the last event's id by itself.
+  function follow(mine, texts) {
+    const source = new EventSource(`/v1/jobs/${job}/events`);
+    const mineOnly = handle => event => { if (mine === ticket) handle(JSON.parse(event.data)); else source.close(); };
+    source.addEventListener("progress", mineOnly(show));
+    source.addEventListener("page", mineOnly(page => append(page, texts)));
+    source.addEventListener("done", mineOnly(body => { show(body); source.close(); }));
+    source.addEventListener("expired", mineOnly(body => { problem(errorBox("The job is gone", body.error.message));
+                                                         source.close(); }));
+    source.onerror = () => {  // closed for good (a 404 or 410): told; else the browser reconnects
+      if (source.readyState === EventSource.CLOSED && mine === ticket && box.dataset.jobState !== "done") {
+        problem(errorBox("Lost the job's events", "reload the page to follow it again"));
       }
-      if (mine !== ticket) return;
-      if (response && response.ok) {
-        if (show(await response.json())) return;
-      } else if (response && response.status !== 503) {
-        problem(await failure(response));
-        return;
-      }
-      await new Promise(resolve => setTimeout(resolve, POLL_MS));
-    }
+    };
   }
 
   form.addEventListener("submit", async event => {
@@ -353,8 +365,9 @@ function setupBulk(panel) {
       }
       const body = await response.json();
       job = body.id;
+      results.replaceChildren();
       show(body);
-      poll(mine);
+      follow(mine, texts);
     } catch {
       problem(errorBox("Could not reach the server", "check that it is running, then try again"));
     } finally {
