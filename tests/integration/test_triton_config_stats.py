@@ -173,3 +173,15 @@ def test_perf_analyzer_runs_and_agrees_with_metrics(stack, over_http, protocol):
     if protocol == "http":  # the web process counts its own requests; the gRPC process's are its own
         assert abs(answered - served) <= 0.1 * served, (answered, served)
         assert abs(waited * 1e9 - queue_ns) <= 0.1 * queue_ns + 1e6 * served, (waited, queue_ns)
+
+
+def test_the_repository_index_lists_every_version_and_whether_it_is_served(stack, over_http, over_grpc):
+    status, listed, _ = http("POST", f"{stack.url}/v2/repository/index", json_body={})
+    assert status == 200
+    served = {(m["name"], m["version"]): m["state"] for m in listed}
+    assert served[(TEXT, "1")] == "READY"
+    assert over_http.get_model_repository_index() == listed  # tritonclient's own call, over HTTP
+    by_grpc = over_grpc.get_model_repository_index(as_json=True)["models"]
+    assert {(m["name"], m["version"]): m["state"] for m in by_grpc} == served
+    ready_only = http("POST", f"{stack.url}/v2/repository/index", json_body={"ready": True})[1]
+    assert all(m["state"] == "READY" for m in ready_only)

@@ -66,7 +66,7 @@ def test_messages_and_service_match_tritons():
         assert [method.input_type.full_name, method.output_type.full_name] == [request, response]
     assert len(ours) >= 17 and set(methods) == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
                                                 "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
-                                                "ModelStatistics"}
+                                                "ModelStatistics", "RepositoryIndex"}
     assert "inference.ModelConfig" in ours and "inference.ModelStatistics" in ours
 
 

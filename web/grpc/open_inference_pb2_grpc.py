@@ -69,6 +69,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelConfigRequest.SerializeToString,
@@ -127,6 +132,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """Triton's repository extension: every model version in the store, and whether it is served
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModelConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -176,6 +188,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStreamInfer,
                     request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.FromString,
                     response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
@@ -377,6 +394,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelStreamInfer',
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelStreamInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@
                                      is done, a failure in error_message, the stream going on
     ModelConfig, ModelStatistics     Triton's, as GET /v2/models/<name>/config and /stats answer them
                                      (web/introspection.py), parsed into Triton's messages
+    RepositoryIndex                  Triton's, as POST /v2/repository/index answers it (web/readiness.py)
 
 Every other RPC needs an API key where FUNNEL_API_KEYS is set, in the call's
 `authorization` metadata (`Bearer <key>`). A failure is the protocol's status
@@ -241,6 +242,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                           context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
         return await self._read(context, lambda: pb.ModelConfigResponse(config=json_format.ParseDict(
             introspection.model_config(self.pipeline, request.name, request.version or None), ModelConfig())))
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        return await self._read(context, lambda: pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(**entry)
+            for entry in readiness.repository_index(self.pipeline, request.ready)]))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:

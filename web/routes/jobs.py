@@ -136,9 +136,9 @@ class JobRoutes:
     def events(self, job_id: str) -> Response:
         """Server-Sent Events of the job: `progress` (its status) as it moves, `page` (the results
         from `offset` on, in input order) as they are answered, and `done` (its final status) once
-        every result is sent (`expired` if it expires meanwhile). Each event's id is the offset of the next result, from which a
-        reconnecting client resumes (`Last-Event-ID`, or ?offset=); a stream ends after
-        EVENTS_MAX_S, for the client to resume so. Another key's job is refused as for its status."""
+        every result is sent (`expired` if it expires meanwhile). Each event's id is the offset of the
+        next result, from which a reconnecting client resumes (`Last-Event-ID`, or ?offset=); a stream
+        ends after EVENTS_MAX_S, for the client to resume so. Another key's job is refused as for its status."""
         caller = auth.caller(self.settings)
         resumed = request.headers.get("Last-Event-ID", "")
         offset = int(resumed) if resumed.isascii() and resumed.isdigit() else int_arg("offset", 0, 0, None)

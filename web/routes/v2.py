@@ -13,6 +13,7 @@ from funnel.web import introspection
 from funnel.web.pipeline import Pipeline
 from funnel.web.protocols import v2
 from funnel.web.readiness import model_live, models_without_workers
+from funnel.web.readiness import repository_index as index_of
 
 
 def error_response(message: str, status: int) -> Response:
@@ -21,7 +22,7 @@ def error_response(message: str, status: int) -> Response:
 
 def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
     """Server metadata, liveness and readiness, model metadata and readiness; Triton's model configuration
-    and statistics."""
+    and statistics, and its repository index (every model version in the store, and whether it is served)."""
     catalog = pipeline.catalog
 
     @routes.get("")
@@ -51,6 +52,12 @@ def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
             return error_response(f"no live worker for {name}" + (f" version {model_version}" if model_version
                                                                     else ""), 503)
         return {"name": name, "ready": True}
+
+    @routes.post("/repository/index")
+    def repository_index():
+        asked = request.get_json(silent=True) or {}
+        return Response(orjson.dumps(index_of(pipeline, bool(asked.get("ready", False)))),
+                        mimetype="application/json")
 
     @routes.get("/models/<name>/config")
     @routes.get("/models/<name>/versions/<model_version>/config")
