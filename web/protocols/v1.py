@@ -97,7 +97,7 @@ class Events:
     answer's body, with its "status" (SSE `event: error`).
     """
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, *, kind: str, model: str):
         self.kind, self.model = kind, model
         self.content_type = "text/event-stream" if kind == "sse" else "application/x-ndjson"
         self.request_id = logs.REQUEST_ID.get()

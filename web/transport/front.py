@@ -102,7 +102,8 @@ class Front:
                 params = {"name": self.openai.model_of(request)}
             streamed = v1.stream_kind(environ.get("HTTP_ACCEPT", "")) if adapter is self.v1 else None
             if streamed is not None:
-                status = await self._stream(scope, send, request, params, origin, v1.Events(streamed, params["name"]))
+                events = v1.Events(kind=streamed, model=params["name"])
+                status = await self._stream(scope, send, request, params, origin, events)
                 self._count(params.get("name", ""), status, started, request, origin, [])
                 return
         except Exception as exc:
