@@ -17,7 +17,7 @@ from funnel.scripts.stack import Stack
 from tests.support import FAST_HEARTBEAT, freeze_holding_jobs, http, multipart, wait_for
 
 MODELS = ("text-detector", "text-direction", "text-recognizer", "ocr")
-REQUESTS = 36
+REQUESTS = 24
 CLIENTS = 4
 
 
