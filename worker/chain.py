@@ -78,6 +78,7 @@ class StepLinks:
         self.client, self.keys, self.store = client, keys, store
         self.inbox = f"chain-{worker_id}"
         self.push_script = lua_scripts.register(client, "step_push")
+        self.leave_script = lua_scripts.register(client, "leave")
         self.arrived: queue.Queue[Reply] = queue.Queue()
         self.closed = threading.Event()
         self.listeners: dict[str, threading.Thread] = {}
@@ -101,7 +102,7 @@ class StepLinks:
 
     def leave(self, model: str, deadline: int, job_ids: list[str]) -> None:
         """Mark step jobs whose item stopped, so that no worker runs them (common/link/lua/leave.lua)."""
-        lua_scripts.register(self.client, "leave")(keys=[self.keys.gone(model)], args=[now_ms(), deadline, *job_ids])
+        self.leave_script(keys=[self.keys.gone(model)], args=[now_ms(), deadline, *job_ids])
 
     def _listen(self, model: str) -> None:
         key = self.keys.reply(model, self.inbox)

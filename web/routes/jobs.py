@@ -146,19 +146,24 @@ class JobRoutes:
 
         def stream() -> Iterator[bytes]:
             at, shown, ends = offset, None, time.monotonic() + EVENTS_MAX_S
+            paging = True  # whether this read takes results too: an idle poll reads the record alone
             while True:
                 try:
-                    record, payloads = self.store.load(job_id, caller, at, MAX_PAGE)
+                    record, payloads = self.store.load(job_id, caller, at, MAX_PAGE if paging else 0)
                 except FunnelError as exc:  # expired meanwhile
                     yield event("expired", at, {"error": {"code": exc.code, "message": exc.message}})
                     return
                 final = record.state in ("done", "failed", "cancelled")
-                ready = payloads if final else payloads[:next((i for i, p in enumerate(payloads) if p is None),
-                                                              len(payloads))]
                 status = record.status()
-                if status["progress"] != shown:
+                moved = status["progress"] != shown
+                if moved:
                     shown = status["progress"]
                     yield event("progress", at, status)
+                if not paging and (moved or final):
+                    paging = True
+                    continue  # its new results, read at once
+                ready = payloads if final else payloads[:next((i for i, p in enumerate(payloads) if p is None),
+                                                              len(payloads))]
                 if ready:
                     yield event("page", at + len(ready), {"offset": at, "results": [result(p) for p in ready]})
                     at += len(ready)
@@ -168,6 +173,7 @@ class JobRoutes:
                     return
                 if time.monotonic() > ends:
                     return
+                paging = False
                 time.sleep(EVENTS_POLL_S)
 
         response = Response(stream(), mimetype="text/event-stream")
