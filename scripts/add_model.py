@@ -34,17 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from funnel.common import tasks
-from funnel.common.contracts.keys import check_name, check_version
-from funnel.common.store import list_versions, load_spec, write_model
-
-
-def graph_names(onnx_path: Path) -> tuple[list[str], list[str]]:
-    """The ONNX graph's input and output names (what the worker feeds and reads)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    return [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+from funnel.common import adding
+from funnel.common.store import list_versions
 
 
 def key_values(pairs: list[str], flag: str) -> dict[str, str]:
@@ -63,13 +54,11 @@ def build(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                             "batch_size": args.batch_size}
     if args.onnx:
         shutil.copy(args.onnx, folder / "model.onnx")
-        meta["onnx"] = "model.onnx"
-        feeds, outputs = graph_names(folder / "model.onnx")
-    else:
-        feeds, outputs = args.feeds, args.outputs
-        if args.torchscript and not (feeds and outputs):
-            raise SystemExit("funnel add: a TorchScript model alone needs --feeds and --outputs "
-                             "(the names of its inputs in call order, and of its outputs)")
+        meta["onnx"] = "model.onnx"  # its feeds and outputs are read from the graph (common/adding.py)
+    elif args.torchscript and not (args.feeds and args.outputs):
+        raise SystemExit("funnel add: a TorchScript model alone needs --feeds and --outputs "
+                         "(the names of its inputs in call order, and of its outputs)")
+    feeds, outputs = ([], []) if args.onnx else (args.feeds, args.outputs)
     if args.torchscript:
         shutil.copy(args.torchscript, folder / "model.pt")
         meta["torchscript"] = "model.pt"
@@ -130,30 +119,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        check_name(args.name)
-        if args.version is not None:
-            check_version(args.version)
-        task_class = tasks.task_class(args.task)  # fail here, not when the web tier starts
-    except ValueError as exc:
-        raise SystemExit(f"funnel add: {exc}") from None
-    if task_class.in_chain() and not args.steps:
-        raise SystemExit("funnel add: a chain names its steps: --steps MODEL,MODEL")
-    if args.steps and not task_class.in_chain():
-        raise SystemExit("funnel add: --steps names a chain's steps, and this task is no Chain")
-    if not (args.onnx or args.torchscript or task_class.in_python() or task_class.in_chain()):
-        raise SystemExit("funnel add: give --onnx, --torchscript, or both (or a task with load and predict, "
-                         "which runs its model in Python, or a chain with --steps)")
     for path in (args.onnx, args.torchscript):
         if path is not None and not path.is_file():
             raise SystemExit(f"funnel add: no such file: {path}")
-    folder = write_model(args.store, args.name, lambda tmp: build(args, tmp), args.version)
-    version = args.version or 1  # without --version, write_model writes version 1
     try:
-        task = tasks.load(load_spec(args.store, args.name, version))  # model.json as the tiers will read it
-    except (ValueError, KeyError) as exc:
-        shutil.rmtree(folder)
-        raise SystemExit(f"funnel add: {args.name}: {exc}") from None
+        folder, version, task = adding.add(args.store, args.name, lambda tmp: build(args, tmp), args.version)
+    except ValueError as exc:
+        raise SystemExit(f"funnel add: {exc}") from None
     print(f"{args.name}: version {version} added to {folder} ({type(task).__name__}, "
           f"input kind {task.input_kind}; versions now {', '.join(map(str, list_versions(args.store, args.name)))})")
     return 0

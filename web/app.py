@@ -15,7 +15,7 @@ import redis
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from funnel.common.contracts import registry, traffic
+from funnel.common.contracts import registry, repository, traffic
 from funnel.common.contracts.registry import live_workers
 from funnel.common.errors import BadInput
 from funnel.common.observability import logs
@@ -52,17 +52,19 @@ def parse_limits(pairs: list[str]) -> dict[str, int]:
 
 def describe(pipeline: Pipeline, name: str, workers: list[dict]) -> dict:
     """One model as GET /v1/models shows it: its newest version's spec, task fields and limits, then
-    every version with its queue, live workers and traffic weight, and the model's totals."""
+    every version with its queue, live workers, traffic weight and whether it is unloaded, and the model's
+    totals."""
     versions = pipeline.catalog.versions(name)
     task = versions[max(versions)]
     weights = traffic.read(pipeline.client, pipeline.keys, name)
+    unloaded = repository.read(pipeline.client, pipeline.keys, name)
     lengths = registry.version_queue_lengths(pipeline.client, pipeline.keys, {name: versions})[name]
     mine = [w for w in workers if w.get("model") == name]
     return {**openai_model(task), **task.spec.public(), "input_kind": task.input_kind, "limits": task.limits,
             **({"content_types": list(task.content_types)} if task.input_kind == "file" else {}),
             **task.public(), "queue": sum(lengths.values()), "workers": mine,
             "traffic": {str(v): weight for v, weight in sorted(weights.items())} or None,
-            "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v),
+            "versions": [{"version": v, "queue": lengths[v], "weight": weights.get(v), "unloaded": v in unloaded,
                           "workers": [w["id"] for w in mine if registry.version_of(w) == v]}
                          for v in sorted(versions)]}
 
@@ -144,7 +146,7 @@ def install_operations(app: Flask, pipeline: Pipeline) -> None:
 
     @app.get("/v1/models/<name>")
     def describe_model(name: str):
-        pipeline.resolve(name)
+        pipeline.stored(name)
         return jsonify(describe(pipeline, name, live_workers(client, keys)))
 
     @app.get("/metrics")
@@ -162,7 +164,7 @@ def install_traffic(app: Flask, pipeline: Pipeline, settings: WebSettings) -> No
     def set_traffic(name: str):
         """{"weights": {"<version>": <weight>, ...}}: the share of unpinned requests each version takes."""
         auth.require_admin(settings)
-        pipeline.resolve(name)
+        pipeline.stored(name)
         weights = parse_weights(request.get_json(silent=True), set(catalog.versions(name)), name)
         try:
             traffic.write(client, keys, name, weights)
@@ -174,7 +176,7 @@ def install_traffic(app: Flask, pipeline: Pipeline, settings: WebSettings) -> No
     def clear_traffic(name: str):
         """No policy: every unpinned request goes to the highest version with a live worker."""
         auth.require_admin(settings)
-        pipeline.resolve(name)
+        pipeline.stored(name)
         traffic.clear(client, keys, name)
         return jsonify(describe(pipeline, name, live_workers(client, keys)))
 

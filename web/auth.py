@@ -123,10 +123,11 @@ def is_admin(identity: Identity | None, settings: WebSettings) -> bool:
                                                                    tuple(settings.admin_keys))
 
 
-def require_admin(settings: WebSettings) -> None:
-    """403 unless the request's key is an admin key (FUNNEL_ADMIN_KEYS), where API keys are set: what
-    changes how a model is served is an operator's business, not every client's."""
-    if settings.api_keys and not is_admin(current(settings), settings):
+def require_admin(settings: WebSettings, identity: Identity | None = None) -> None:
+    """403 unless the request's key (this Flask request's, or the identity a gRPC call's metadata gave)
+    is an admin key (FUNNEL_ADMIN_KEYS), where API keys are set: what changes how a model is served is
+    an operator's business, not every client's."""
+    if settings.api_keys and not is_admin(identity or current(settings), settings):
         raise Forbidden("this needs an admin API key (FUNNEL_ADMIN_KEYS)")
 
 

@@ -53,11 +53,16 @@ class Catalog:
     def _fresh(self) -> None:
         if self.clock() - self._scanned_at >= self.rescan_s and self._lock.acquire(blocking=False):
             try:
-                self.rescan()
+                self._rescan()
             finally:
                 self._lock.release()
 
     def rescan(self) -> None:
+        """Read the store now (after this process added to it), waiting for a rescan under way."""
+        with self._lock:
+            self._rescan()
+
+    def _rescan(self) -> None:
         """Read the store: the models and versions in it now, their tasks loaded where new or changed."""
         served: dict[str, dict[int, Task]] = {}
         for name in self.names_given or list_models(self.store):

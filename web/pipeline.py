@@ -318,19 +318,32 @@ class Pipeline:
 
     # -- 1 resolve, 3 prepare: every route's, bulk jobs' too ----------------------------------
 
-    def resolve(self, name: str, version: str | None = None) -> Task:
-        """The task of the model version a request goes to (its spec names the version): the one
-        the URL pins, else the traffic policy's pick; 404 for any other name or version."""
+    def stored(self, name: str) -> dict[int, Task]:
+        """The versions of a model in the store, loaded or not, and their tasks; 404 for a name not there."""
         versions = self.catalog.versions(name)
         if not versions:
             raise NotFound(f"no model named {name!r}; served: {', '.join(self.catalog.names())}",
                            code="unknown_model")
+        return versions
+
+    def resolve(self, name: str, version: str | None = None) -> Task:
+        """The task of the model version a request goes to (its spec names the version): the one
+        the URL pins, else the traffic policy's pick; 404 for any other name or version, and for an
+        unloaded one."""
+        versions = self.stored(name)
+        unloaded = self.versions.unloaded(name)
         if version is None:
-            return versions[self.versions.choose(name, versions)]
+            served = [v for v in versions if v not in unloaded]
+            if not served:
+                raise NotFound(f"{name} is unloaded (POST /v2/repository/models/{name}/load serves it again)",
+                               code="unloaded")
+            return versions[self.versions.choose(name, served)]
         task = versions.get(int(version)) if version.isascii() and version.isdigit() else None  # not '²'
         if task is None:
             raise NotFound(f"{name} has no version {version!r}; it has {', '.join(map(str, sorted(versions)))}",
                            code="unknown_version")
+        if int(version) in unloaded:
+            raise NotFound(f"{name} version {version} is unloaded", code="unloaded")
         return task
 
     def prepare(self, task: Task, items: list[Any], ready: bool = False,

@@ -1,5 +1,4 @@
-"""Which served models have a live worker: what /v2's probes, its repository index and gRPC's ask of
-the registry."""
+"""Which served models have a live worker: what /v2's probes and gRPC's ask of the registry."""
 
 from __future__ import annotations
 
@@ -8,10 +7,11 @@ from funnel.web.pipeline import Pipeline
 
 
 def models_without_workers(pipeline: Pipeline) -> list[str]:
-    """The served models no live worker serves (the server is ready when there are none); raises
-    redis.RedisError when Redis does not answer."""
+    """The served models no live worker serves (the server is ready when there are none; an unloaded
+    model is not served); raises redis.RedisError when Redis does not answer."""
     workers = registry.live_workers(pipeline.client, pipeline.keys)
-    return sorted(name for name in pipeline.catalog.names() if not registry.versions_live(workers, name))
+    return sorted(name for name, versions in ((n, pipeline.catalog.versions(n)) for n in pipeline.catalog.names())
+                  if set(versions) - pipeline.versions.unloaded(name) and not registry.versions_live(workers, name))
 
 
 def model_live(pipeline: Pipeline, name: str, model_version: str | None) -> bool:
@@ -20,18 +20,3 @@ def model_live(pipeline: Pipeline, name: str, model_version: str | None) -> bool
     pipeline.resolve(name, model_version)
     live = registry.versions_live(registry.live_workers(pipeline.client, pipeline.keys), name)
     return bool(live) and (model_version is None or int(model_version) in live)
-
-
-def repository_index(pipeline: Pipeline, ready_only: bool = False) -> list[dict[str, str]]:
-    """Every version of every served model, in Triton's repository index shape: {name, version, state,
-    reason}, READY where a live worker serves it, else UNAVAILABLE and why (ready_only: the READY ones)."""
-    workers = registry.live_workers(pipeline.client, pipeline.keys)
-    index = []
-    for name in sorted(pipeline.catalog.names()):
-        live = registry.versions_live(workers, name)
-        for version in sorted(pipeline.catalog.versions(name)):
-            ready = version in live
-            if ready or not ready_only:
-                index.append({"name": name, "version": str(version), "state": "READY" if ready else "UNAVAILABLE",
-                              "reason": "" if ready else "no live worker serves it"})
-    return index

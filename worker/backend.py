@@ -35,7 +35,7 @@ class Backend(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[Row]: ...
 
     def close(self) -> None:
-        """Let the model go (unloaded to make room): what it holds is freed."""
+        """Let the model go (evicted to make room): what it holds is freed."""
 
 
 def rows(outputs: Mapping[str, np.ndarray], n: int) -> list[Row]:

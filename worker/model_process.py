@@ -15,7 +15,7 @@ cannot take the worker with it:
   next batch starts a fresh process (the model loaded again);
 - a process that dies (a crash in native code, memory run out) fails its call
   500, and the next batch starts a fresh one;
-- unloading the model (worker/residency.py) ends the process, so its memory,
+- evicting the model (worker/residency.py) ends the process, so its memory,
   the device's included, goes back to the system: the worker logs what the
   process held, read from /proc, and waits for its exit.
 
@@ -201,7 +201,7 @@ class ModelProcess:
         return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
     def close(self) -> None:
-        """End the process (unloading the model) and wait for its exit: its memory is the system's again."""
+        """End the process (evicting the model) and wait for its exit: its memory is the system's again."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -284,7 +284,7 @@ def main(fd: int) -> int:
         try:
             feeds = receive(sock)["feeds"]
         except (EOFError, OSError):
-            return 0  # the worker closed: the model is unloaded, or the worker gone
+            return 0  # the worker closed: the model is evicted, or the worker gone
         count = len(next(iter(feeds.values())))
         try:
             send(sock, {"rows": rows_of(task.predict(model, feeds), count, name)})

@@ -14,7 +14,7 @@ taker reads every served model's queue lengths in one round trip, then:
 - asks for a cold model with work to be loaded (worker/residency.py), its
   work of the highest lane and longest wait first, when no other live worker
   holds it, or its work has waited here past FUNNEL_COLD_AFTER_MS; room is
-  made by unloading a resident model whose queues are empty, and one whose
+  made by evicting a resident model whose queues are empty, and one whose
   work waits only once the cold model's has waited FUNNEL_COLD_AFTER_MS;
 - answers the queued jobs of a model that failed to load 503
   (`model_unavailable`, naming why) without running them.
@@ -93,7 +93,7 @@ class Multiplex:
         if now is None:  # stopped while Redis was down
             return None
         retrying(lambda: self._load_cold(now), self.stop)
-        for s in self.served:  # an unloaded model's steps go too: they hold its backend, and its memory
+        for s in self.served:  # an evicted model's steps go too: they hold its backend, and its memory
             if s.steps is not None and self.residency.state(s.member) != "resident":
                 s.steps = None
         chosen = self._choose()
@@ -168,7 +168,7 @@ class Multiplex:
         if self.residency.state(served.member) == "failed":
             return self._refuse(served)
         loaded = self.residency.pin(served.member)
-        if loaded is None:  # unloaded since it was chosen
+        if loaded is None:  # evicted since it was chosen
             return None
         if served.steps is None or served.steps.backend is not loaded.backend:
             served.steps = self.make_steps(served, loaded)

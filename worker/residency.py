@@ -7,10 +7,10 @@ FUNNEL_LOAD_TIMEOUT_S: it is not tried again for FUNNEL_LOAD_RETRY_S, and its
 requests are answered 503 naming why). At
 most FUNNEL_MAX_RESIDENT models are resident or loading at once, and at most
 FUNNEL_MAX_RESIDENT_MB of model files; to make room the least recently used
-resident model is unloaded, never one with a batch taken and not yet answered
+resident model is evicted, never one with a batch taken and not yet answered
 (pinned), nor (until the cold model's work has waited FUNNEL_COLD_AFTER_MS) one
 whose own work waits: resident work is served first, and a model is not
-unloaded and loaded again for every request. One load at a time: loads share
+evicted and loaded again for every request. One load at a time: loads share
 the device with the batches.
 
 A load is claimed first (`funnel:loading:{<model>}:<version>`, a short TTL the
@@ -71,7 +71,7 @@ class Model:
     loaded: Loaded | None = None
     error: str = ""
     retry_at: float = 0.0  # monotonic: when a failed model may be tried again
-    used_at: float = 0.0  # monotonic: its last batch taken (the least recently used is unloaded first)
+    used_at: float = 0.0  # monotonic: its last batch taken (the least recently used is evicted first)
     pinned: int = 0  # batches taken and not yet answered
     load_started: float = 0.0  # monotonic: when its load under way began
     attempt: int = 0  # its loads begun; a load given up on is one behind, and its result is dropped
@@ -89,7 +89,7 @@ class Residency:
     def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, models: list[Model], limits: Limits,
                  load: Callable[[ModelSpec], Loaded], changed: Callable[[], None] = lambda: None):
         """load: a model's task and backend, warmed up (on the loader's thread); changed: called when
-        states change (a load begun with the unloads that make room for it, a load ended, done or failed,
+        states change (a load begun with the evictions that make room for it, a load ended, done or failed,
         or given up): the heartbeat publishes every model's state at once."""
         self.client, self.keys, self.worker_id = client, keys, worker_id
         self.models = {model.member: model for model in models}
@@ -151,7 +151,7 @@ class Residency:
 
     def load(self, member: str, spare: frozenset[str] = frozenset()) -> bool:
         """Start loading a cold model (or a failed one due for another try) on the loader's thread, making
-        room for it first (never by unloading a model of `spare`: those with work waiting); False when it
+        room for it first (never by evicting a model of `spare`: those with work waiting); False when it
         cannot start now: a load under way, no room (every resident model pinned or spared), another
         worker's claim."""
         with self._lock:
@@ -164,10 +164,10 @@ class Residency:
             if victims is None or not self._hold_claim(model, CLAIM_TTL_S):
                 return False
             for victim in victims:
-                self._unload(victim)
+                self._evict(victim)
             model.state, self._loading = "loading", model
             model.load_started, model.attempt = time.monotonic(), model.attempt + 1
-        self._published()  # the unloads and this load together, before the load's thread starts
+        self._published()  # the evictions and this load together, before the load's thread starts
         threading.Thread(target=self._run_load, args=(model, model.attempt), name=f"load {model.spec.name}",
                          daemon=True).start()
         return True
@@ -178,7 +178,7 @@ class Residency:
         return model.state == "cold" or (model.state == "failed" and time.monotonic() >= model.retry_at)
 
     def _room_for(self, incoming: Model, spare: frozenset[str]) -> list[Model] | None:
-        """The least recently used unpinned models, not spared, to unload so that `incoming` fits; None if
+        """The least recently used unpinned models, not spared, to evict so that `incoming` fits; None if
         it cannot."""
         limits = self.limits
         resident = sorted((m for m in self.models.values() if m.state == "resident"), key=lambda m: m.used_at)
@@ -195,12 +195,12 @@ class Residency:
                 return None
             victims.append(idle[0])
 
-    def _unload(self, model: Model) -> None:
+    def _evict(self, model: Model) -> None:
         if model.loaded is not None:
             model.loaded.backend.close()  # a model run in Python: its process ends, its memory freed
         model.loaded, model.state = None, "cold"
         model.stats.add(evictions=1)
-        log.info("unloaded %s version %d to make room", model.spec.name, model.spec.version)
+        log.info("evicted %s version %d to make room", model.spec.name, model.spec.version)
 
     def _run_load(self, model: Model, attempt: int) -> None:
         started = time.monotonic()

@@ -41,7 +41,7 @@ class WorkerSettings(SharedSettings):
                           "comma-separated (fnmatch: '*' serves them all), each at its highest version, as "
                           "--model given for each")
     max_resident: int = setting(0, "with several models: most of them loaded at once; the least recently "
-                                "used is unloaded to make room (0: all of them)")
+                                "used is evicted to make room (0: all of them)")
     max_resident_mb: float = setting(0.0, "with several models: most megabytes of model files loaded at once "
                                      "(a GPU's memory budget; 0: no limit)")
     cold_after_ms: float = setting(2000.0, "with several models: load a model another live worker holds once "

@@ -18,6 +18,7 @@ slot. Layout (docs/redis.md):
     funnel:loading:{text-embedding}:<version>  (the worker loading it, worker/residency.py)
     funnel:reply:{text-embedding}:web-<hex>    (one web process's inbox for the model)
     funnel:traffic:{text-embedding}            (version -> weight, common/contracts/traffic.py)
+    funnel:unloaded:{text-embedding}           (its unloaded versions, common/contracts/repository.py)
     funnel:cache:{text-embedding}:<version>:<scope>:<digest>          (a result, common/result_cache.py)
     funnel:cache-pending:{text-embedding}:<version>:<scope>:<digest>  (its computation under way)
     funnel:stats:{text-embedding}:<version>    (its workers' totals, common/contracts/statistics.py)
@@ -114,6 +115,11 @@ class Keys:
         """Hash: version -> weight, the model's traffic policy (common/contracts/traffic.py, the one home
         of how it is read and written); absent: the highest live version takes everything."""
         return f"{self.prefix}:traffic:{tag(model)}"
+
+    def unloaded(self, model: str) -> str:
+        """Set: the model's versions unloaded through the repository API, each a decimal string
+        (common/contracts/repository.py); absent: every version in the store is served."""
+        return f"{self.prefix}:unloaded:{tag(model)}"
 
     def answers_to(self, key: str, model: str) -> bool:
         """Whether a job taken by a worker of `model` may name this key as its reply_to: the model's
@@ -257,8 +263,8 @@ class Keys:
         """A SCAN pattern for every key of one kind: "queue", "inflight", "dead", "reply", ...
         (on a cluster, scan every primary: scan_keys)."""
         if kind not in ("queue", "queue-high", "queue-low", "bulk", "reply", "inflight", "recovering", "worker",
-                        "dead", "job", "idempotency", "traffic", "gone", "limit", "running", "loading", "file",
-                        "batches", "files", "cache", "cache-pending", "stats"):
+                        "dead", "job", "idempotency", "traffic", "unloaded", "gone", "limit", "running", "loading",
+                        "file", "batches", "files", "cache", "cache-pending", "stats"):
             raise ValueError(f"no keys of kind {kind!r}")
         return f"{self.prefix}:{kind}:*"
 

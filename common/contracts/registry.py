@@ -44,7 +44,7 @@ COUNTERS = {
     "dead": "undecodable jobs dead-lettered",
     "recovered": "jobs of dead workers requeued",
     "loads": "times the model was loaded",
-    "evictions": "times the model was unloaded to make room for another",
+    "evictions": "times the model was evicted to make room for another",
     "load_seconds": "time spent loading the model (and warming it up)",
     "infer_seconds": "time spent in the model",
     "wait_seconds": "time spent waiting for batches to fill",
@@ -101,7 +101,7 @@ def publish(client: redis.Redis, keys: Keys, worker_id: str, fields: Mapping[str
 def publish_all(client: redis.Redis, keys: Keys, members: Mapping[str, Mapping[str, Any]], ttl_s: float) -> None:
     """List workers (id -> fields), then write their hashes and refresh their TTLs in one round trip: on
     one Redis one transaction, so a reader (live_workers) sees every member of a process as of one instant
-    (a model unloaded and the one loaded in its place at once); on a cluster, where the hashes lie in
+    (a model evicted and the one loaded in its place at once); on a cluster, where the hashes lie in
     different slots, one pipeline a node. Two steps, as the list and the hashes live in different slots on
     a cluster; listed without a hash a worker looks dead until the next beat, and recovery finds nothing
     to move."""

@@ -1,5 +1,5 @@
 """One worker serving several models (worker/multiplex.py, worker/residency.py): each request answered by
-its own model, models loaded when work waits for them and the least recently used unloaded, and the
+its own model, models loaded when work waits for them and the least recently used evicted, and the
 web tier's views (GET /v1/models, /metrics) telling which worker holds which."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_one_worker_answers_each_model_with_its_own_weights(copies, tmp_path):
                 seen.append(sum(w["state"] == "resident" for m in found for w in m["workers"]))
             return seen
 
-        # Rounds over every model, two at a time: four models through two places, loaded and unloaded,
+        # Rounds over every model, two at a time: four models through two places, loaded and evicted,
         # while the registry is read as an operator reads it.
         order = [(r, name) for r in range(3) for name in MODELS]
         churned = threading.Event()

@@ -194,8 +194,8 @@ def test_the_model_process_dies_with_its_worker(stack, store, outside_env, tmp_p
                  what=f"model process {pid} to end with its worker")
 
 
-def test_a_worker_of_several_python_models_ends_the_process_of_each_it_unloads(store, tmp_path):
-    """One resident at a time: serving the other model unloads the first, whose process is gone, measured."""
+def test_a_worker_of_several_python_models_ends_the_process_of_each_it_evicts(store, tmp_path):
+    """One resident at a time: serving the other model evicts the first, whose process is gone, measured."""
     from funnel.scripts.stack import Stack
 
     env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
@@ -208,6 +208,6 @@ def test_a_worker_of_several_python_models_ends_the_process_of_each_it_unloads(s
                             ("iris", {"input": IRIS[1]})):
             status, answer = predict(stack, model, body)
             assert status == 200, answer
-            assert len(model_processes(worker)) == 1  # the one resident; the one unloaded has ended
+            assert len(model_processes(worker)) == 1  # the one resident; the one evicted has ended
         log = next(tmp_path.glob("worker-iris*.log")).read_text()
         assert "ended," in log and "MB freed" in log

@@ -66,11 +66,12 @@ def test_messages_and_service_match_tritons():
         assert [method.input_type.full_name, method.output_type.full_name] == [request, response]
     assert len(ours) >= 17 and set(methods) == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
                                                 "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
-                                                "ModelStatistics", "RepositoryIndex"}
+                                                "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+                                                "RepositoryModelUnload"}
     assert "inference.ModelConfig" in ours and "inference.ModelStatistics" in ours
 
 
-def test_the_settings_leave_the_messages_unloaded():
+def test_the_settings_leave_the_messages_unimported():
     """`funnel up` and the deploy tests read GrpcSettings in processes that may load tritonclient's
     messages of the same package: the settings must not load Funnel's."""
     check = ("import sys, funnel.web.grpc.settings, funnel.scripts.stack; "

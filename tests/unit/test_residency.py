@@ -43,7 +43,7 @@ class Loader:
 
 
 class Unrun:
-    """A backend never run here: only let go of when its model is unloaded."""
+    """A backend never run here: only let go of when its model is evicted."""
 
     closed = False
 
@@ -79,7 +79,7 @@ def test_the_least_recently_used_goes_never_one_pinned(redis_client, keys):
     assert r.models["w1.a.1"].stats.totals["evictions"] == 1
     r.pin("w1.c.1")
     redis_client.delete(keys.loading("a"))
-    assert not r.load("w1.a.1")  # b and c both pinned: no room, nothing unloaded
+    assert not r.load("w1.a.1")  # b and c both pinned: no room, nothing evicted
     assert [r.state(f"w1.{n}.1") for n in "abc"] == ["cold", "resident", "resident"]
     r.unpin("w1.b.1")  # b answered: b goes, though used after c was loaded, since c is pinned
     assert load(r, "a")
@@ -94,7 +94,7 @@ def test_a_batch_pins_a_model_until_it_is_answered(redis_client, keys):
     assert r.state("w1.a.1") == "resident" and r.state("w1.b.1") == "cold"
     r.unpin("w1.a.1")
     assert load(r, "b")
-    assert r.state("w1.a.1") == "cold" and r.pin("w1.a.1") is None  # unloaded: nothing to pin
+    assert r.state("w1.a.1") == "cold" and r.pin("w1.a.1") is None  # evicted: nothing to pin
 
 
 def test_the_memory_budget_counts_the_models_files(redis_client, keys):
@@ -242,7 +242,7 @@ class Lagging(redis.Redis):
 
 
 def test_the_registry_never_shows_more_resident_than_the_limit(redis_server, redis_client, keys):
-    """Loads and unloads churn while a heartbeat beats on its own clock as well: every reading of the
+    """Loads and evictions churn while a heartbeat beats on its own clock as well: every reading of the
     registry, by the web tier's call, shows at most the limit resident, and as many loaded as the worker has."""
     from funnel.worker.heartbeat import Heartbeat
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from funnel.common.contracts import registry, traffic
+from funnel.common.contracts import registry, repository, traffic
 from funnel.web.catalog import Catalog
 from funnel.web.queueing.shedding import WorkerView
 from funnel.web.queueing.versions import Versions
@@ -80,3 +80,31 @@ def test_a_request_goes_by_weight_to_live_versions_and_to_the_highest_live_one_w
     clock.now = 6.0
     assert {versions.choose(TEXT, [1, 2]) for _ in range(50)} == {1}  # its weight skipped, not a 503
     assert versions.choose(TEXT, [2]) == 2  # nothing live in the store's versions: the highest, for the 503
+
+
+def test_unloaded_versions_are_read_with_the_policy_and_a_drain_counts_what_each_version_holds(redis_client,
+                                                                                              keys):
+    clock = Clock()
+    versions = Versions(redis_client, keys, WorkerView(redis_client, keys, clock=clock), clock=clock)
+    assert versions.unloaded(TEXT) == frozenset()
+    repository.unload(redis_client, keys, TEXT, [2])
+    assert versions.unloaded(TEXT) == frozenset()  # read at most every refresh
+    clock.now = 2.0
+    assert versions.unloaded(TEXT) == {2} == repository.read(redis_client, keys, TEXT)
+    redis_client.sadd(keys.unloaded(TEXT), "not-a-version")  # written by hand: left out
+    assert repository.read(redis_client, keys, TEXT) == {2}
+    repository.load(redis_client, keys, TEXT, [2])
+    assert repository.read(redis_client, keys, TEXT) == frozenset()
+
+    publish(redis_client, keys, "w1", 1)
+    publish(redis_client, keys, "w2", 2)
+    publish(redis_client, keys, "gone", 1)
+    redis_client.delete(keys.worker(TEXT, "gone"))  # a dead worker: listed, its hash expired
+    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [0, 0]
+    redis_client.lpush(keys.queue(TEXT, 2, "high"), b"job")
+    redis_client.lpush(keys.bulk(TEXT, 2), b"job")
+    redis_client.lpush(keys.inflight(TEXT, "w2"), b"job")
+    redis_client.lpush(keys.inflight(TEXT, "w1"), b"job")
+    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [1, 3]
+    redis_client.lpush(keys.recovering(TEXT, "gone"), b"job")  # whatever version it served: counted for each
+    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [2, 4]

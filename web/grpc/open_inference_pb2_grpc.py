@@ -74,6 +74,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
                 response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
                 request_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.ModelConfigRequest.SerializeToString,
@@ -133,8 +143,21 @@ class GRPCInferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RepositoryIndex(self, request, context):
-        """Triton's repository extension: every model version in the store, and whether it is served
+        """Triton's repository extension: every model version in the store and whether it is served; load
+        (a version added first, when the request carries one) and unload (drained)
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -193,6 +216,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryIndex,
                     request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.FromString,
                     response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
@@ -421,6 +454,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/RepositoryIndex',
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
             funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadRequest.SerializeToString,
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            funnel_dot_web_dot_grpc_dot_open__inference__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

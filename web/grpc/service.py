@@ -10,7 +10,8 @@
                                      is done, a failure in error_message, the stream going on
     ModelConfig, ModelStatistics     Triton's, as GET /v2/models/<name>/config and /stats answer them
                                      (web/introspection.py), parsed into Triton's messages
-    RepositoryIndex                  Triton's, as POST /v2/repository/index answers it (web/readiness.py)
+    RepositoryIndex                  Triton's repository extension, as POST /v2/repository/index, .../load and
+    RepositoryModelLoad, ...Unload   .../unload answer them (web/repository.py); load and unload for admin keys
 
 Every other RPC needs an API key where FUNNEL_API_KEYS is set, in the call's
 `authorization` metadata (`Bearer <key>`). A failure is the protocol's status
@@ -34,7 +35,7 @@ from funnel.common.contracts import priority
 from funnel.common.errors import BadInput, FunnelError, Unavailable, queue_unavailable
 from funnel.common.observability import logs
 from funnel.common.tasks import Task
-from funnel.web import errors, introspection, readiness
+from funnel.web import auth, errors, introspection, readiness, repository
 from funnel.web.grpc import open_inference_pb2 as pb
 from funnel.web.grpc import open_inference_pb2_grpc as pb_grpc
 from funnel.web.grpc.messages import infer_response, outputs_header, parameter, read_inputs
@@ -247,7 +248,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                               context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
         return await self._read(context, lambda: pb.RepositoryIndexResponse(models=[
             pb.RepositoryIndexResponse.ModelIndex(**entry)
-            for entry in readiness.repository_index(self.pipeline, request.ready)]))
+            for entry in repository.index(self.pipeline, request.ready)]))
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.RepositoryModelLoadResponse:
+        await self._change(context, request, repository.load)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.RepositoryModelUnloadResponse:
+        await self._change(context, request, repository.unload)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _change(self, context: grpc.aio.ServicerContext, request: Any,
+                      change: Callable[[Pipeline, str, dict[str, Any], float], None]) -> None:
+        """A repository change, on a thread (it waits for a drain or a worker), for an admin key only."""
+        async def answer(origin: Origin) -> None:
+            auth.require_admin(self.settings, auth.Identity(label=origin.label, owner=origin.owner))
+            parameters = {key: getattr(value, chosen) for key, value in request.parameters.items()
+                          if (chosen := value.WhichOneof("parameter_choice"))}
+            await asyncio.to_thread(change, self.pipeline, request.model_name, parameters, self._timeout_s(context))
+        await self._answer(context, answer)
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:

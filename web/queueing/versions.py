@@ -6,7 +6,8 @@ WorkerView). A request goes to a weighted version with a live worker, at
 random by weight; a weight on a version with no live worker is skipped while
 another can serve; with no policy, or none of its versions live, to the
 highest version with a live worker; with none live, to the highest version
-in the store (answered 503 `no_worker`, or held: FUNNEL_HOLD_WITHOUT_WORKERS).
+in the store (answered 503 `no_worker`, or held: FUNNEL_HOLD_WITHOUT_WORKERS). A version unloaded
+through the repository API (common/contracts/repository.py, read with the policy) takes no request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 
 import redis
 
-from funnel.common.contracts import traffic
+from funnel.common.contracts import repository, traffic
 from funnel.common.contracts.keys import Keys
 from funnel.web.queueing.shedding import REFRESH_S, WorkerView
 
@@ -28,7 +29,8 @@ class Versions:
                  clock=time.monotonic, rng: random.Random | None = None):
         self.client, self.keys, self.workers = client, keys, workers
         self.refresh_s, self.clock, self.rng = refresh_s, clock, rng or random.Random()
-        self._policies: dict[str, tuple[float, dict[int, int]]] = {}  # model -> (read at, weights)
+        # model -> (read at, its weights, its unloaded versions)
+        self._policies: dict[str, tuple[float, dict[int, int], frozenset[int]]] = {}
 
     def choose(self, model: str, in_store: Iterable[int]) -> int:
         """The version this request of `model` goes to, among the versions the store has."""
@@ -38,11 +40,19 @@ class Versions:
 
     def weights(self, model: str) -> dict[int, int]:
         """The model's traffic policy as this process last read it ({}: none)."""
-        read_at, weights = self._policies.get(model, (-math.inf, {}))
-        if self.clock() - read_at >= self.refresh_s:
+        return self._policy(model)[1]
+
+    def unloaded(self, model: str) -> frozenset[int]:
+        """The model's unloaded versions as this process last read them (common/contracts/repository.py)."""
+        return self._policy(model)[2]
+
+    def _policy(self, model: str) -> tuple[float, dict[int, int], frozenset[int]]:
+        policy = self._policies.get(model, (-math.inf, {}, frozenset()))
+        if self.clock() - policy[0] >= self.refresh_s:
             try:
-                weights = traffic.read(self.client, self.keys, model)
-            except redis.RedisError:
-                pass  # the last policy read stands; the push that follows answers 503 if Redis is gone
-            self._policies[model] = (self.clock(), weights)
-        return weights
+                policy = (self.clock(), traffic.read(self.client, self.keys, model),
+                          repository.read(self.client, self.keys, model))
+            except redis.RedisError:  # the last one read stands; the push that follows answers 503 if Redis is gone
+                policy = (self.clock(), *policy[1:])
+            self._policies[model] = policy
+        return policy

@@ -8,21 +8,29 @@ import redis
 from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
-from funnel.common.errors import FunnelError
-from funnel.web import introspection
+from funnel.common.errors import BadInput, FunnelError
+from funnel.web import auth, introspection, repository
 from funnel.web.pipeline import Pipeline
 from funnel.web.protocols import v2
 from funnel.web.readiness import model_live, models_without_workers
-from funnel.web.readiness import repository_index as index_of
 
 
 def error_response(message: str, status: int) -> Response:
     return Response(orjson.dumps({"error": message}), status=status, mimetype="application/json")
 
 
+def parameters() -> dict:
+    """A repository call's `parameters` ({} without a body); 400 for a body that is no such object."""
+    body = request.get_json(force=True, silent=True) if request.content_length else {}  # tritonclient: no type
+    found = body.get("parameters", {}) if isinstance(body, dict) else None
+    if not isinstance(found, dict):
+        raise BadInput('send {"parameters": {...}}, or no body', code="bad_parameters")
+    return found
+
+
 def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
     """Server metadata, liveness and readiness, model metadata and readiness; Triton's model configuration
-    and statistics, and its repository index (every model version in the store, and whether it is served)."""
+    and statistics."""
     catalog = pipeline.catalog
 
     @routes.get("")
@@ -53,12 +61,6 @@ def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
                                                                     else ""), 503)
         return {"name": name, "ready": True}
 
-    @routes.post("/repository/index")
-    def repository_index():
-        asked = request.get_json(silent=True) or {}
-        return Response(orjson.dumps(index_of(pipeline, bool(asked.get("ready", False)))),
-                        mimetype="application/json")
-
     @routes.get("/models/<name>/config")
     @routes.get("/models/<name>/versions/<model_version>/config")
     def model_config(name: str, model_version: str | None = None):
@@ -69,6 +71,30 @@ def install_probes(routes: Blueprint, pipeline: Pipeline) -> None:
     @routes.get("/models/<name>/versions/<model_version>/stats")
     def model_statistics(name: str = "", model_version: str | None = None):
         return introspection.model_statistics(pipeline, name, model_version)
+
+
+def install_repository(routes: Blueprint, pipeline: Pipeline) -> None:
+    """Triton's repository extension (web/repository.py): the index of the store, and load and unload
+    for admin keys."""
+    settings = pipeline.settings
+
+    @routes.post("/repository/index")
+    def repository_index():
+        asked = request.get_json(silent=True) or {}
+        return Response(orjson.dumps(repository.index(pipeline, bool(asked.get("ready", False)))),
+                        mimetype="application/json")
+
+    @routes.post("/repository/models/<name>/load")
+    def repository_load(name: str):
+        auth.require_admin(settings)
+        repository.load(pipeline, name, parameters(), settings.request_timeout_s)
+        return {}
+
+    @routes.post("/repository/models/<name>/unload")
+    def repository_unload(name: str):
+        auth.require_admin(settings)
+        repository.unload(pipeline, name, parameters(), settings.request_timeout_s)
+        return {}
 
 
 def create_blueprint(pipeline: Pipeline) -> Blueprint:
@@ -83,4 +109,5 @@ def create_blueprint(pipeline: Pipeline) -> Blueprint:
         return Response(body, status=status, headers=headers, mimetype="application/json")
 
     install_probes(routes, pipeline)
+    install_repository(routes, pipeline)
     return routes

@@ -1,0 +1,184 @@
+"""Triton's repository extension: the index of the store, and load and unload, in Triton's shapes.
+
+    index    every version of every model in the store: READY where a live worker serves it,
+             UNLOADING while an unloaded version still holds jobs, else UNAVAILABLE and why
+    unload   marks the model's versions (or the one its `version` parameter names) unloaded
+             (common/contracts/repository.py): new requests to them are answered 404 `unloaded`,
+             unpinned ones go to the model's other versions; answers once the jobs they held are
+             answered, or 503 `draining` past the request timeout (calling again waits again)
+    load     with a `config` (the version's model.json, as JSON text) and its files as
+             `file:<version>/<path>` parameters, adds that version to the store first, as `funnel
+             add` does (common/adding.py); then takes the unloaded mark off its versions and answers
+             once every web process serves them and a live worker serves one, or 503 `no_worker` past
+             the request timeout (the version is in the store, and is served when a worker of it starts)
+
+A worker serves the version it was started with; load and unload choose which versions the web
+tier sends requests to, and never start or stop a worker. Both change how models are served: the
+routes that call them ask for an admin key (web/auth.py). Parameters come as Triton's clients send
+them: HTTP's JSON `parameters` (files in base64), gRPC's parameters map (files as bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from funnel.common import adding
+from funnel.common.contracts import registry, repository
+from funnel.common.contracts.keys import check_name
+from funnel.common.errors import BadInput, NotFound, NoWorker, Unavailable
+from funnel.common.store import list_versions
+from funnel.web.catalog import RESCAN_S
+from funnel.web.pipeline import Pipeline
+from funnel.web.queueing.shedding import REFRESH_S
+
+POLL_S = 0.05  # how often a drain or a load looks again
+
+
+def index(pipeline: Pipeline, ready_only: bool = False) -> list[dict[str, str]]:
+    """Every version of every model in the store as Triton's index lists it: {name, version, state,
+    reason} (ready_only: the READY ones)."""
+    client, keys = pipeline.client, pipeline.keys
+    workers = registry.live_workers(client, keys)
+    entries = []
+    for name in sorted(pipeline.catalog.names()):
+        live, unloaded = registry.versions_live(workers, name), repository.read(client, keys, name)
+        for version in sorted(pipeline.catalog.versions(name)):
+            if version in unloaded:
+                held = repository.holding(client, keys, name, version)
+                state, reason = ("UNLOADING", f"{held} jobs still to answer") if held else ("UNAVAILABLE", "unloaded")
+            elif version in live:
+                state, reason = "READY", ""
+            else:
+                state, reason = "UNAVAILABLE", "no live worker serves it"
+            if state == "READY" or not ready_only:
+                entries.append({"name": name, "version": str(version), "state": state, "reason": reason})
+    return entries
+
+
+def unload(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout_s: float) -> None:
+    """Unload the model's versions (or the one `version` names) and wait until they hold no job."""
+    versions = _chosen(pipeline, name, parameters)
+    client, keys = pipeline.client, pipeline.keys
+    repository.unload(client, keys, name, versions)
+    # Every web process reads the mark within REFRESH_S; a job pushed before that is waited for too.
+    settled_at, deadline = time.monotonic() + REFRESH_S, time.monotonic() + timeout_s
+    while True:
+        held = sum(repository.holding(client, keys, name, v) for v in versions)
+        if not held and time.monotonic() >= settled_at:
+            return
+        if time.monotonic() >= deadline:
+            raise Unavailable(f"{name} is unloaded, and its versions {_listed(versions)} still hold {held} jobs; "
+                              "call unload again to wait for them", code="draining", retry_after=5)
+        time.sleep(POLL_S)
+
+
+def load(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout_s: float) -> None:
+    """Add the version the parameters carry, if any; serve the model's versions (or the one `version`
+    names) again; wait until a live worker serves one."""
+    added = _add(pipeline, name, parameters)
+    versions = [added] if added else _chosen(pipeline, name, parameters)
+    client, keys = pipeline.client, pipeline.keys
+    repository.load(client, keys, name, versions)
+    # Answered once every web process has read the store (a version added: within RESCAN_S) and the mark
+    # gone (within REFRESH_S), and a worker serves it.
+    settled_at = time.monotonic() + (RESCAN_S if added else REFRESH_S)
+    deadline = time.monotonic() + timeout_s
+    while not (time.monotonic() >= settled_at
+               and registry.versions_live(registry.live_workers(client, keys), name) & set(versions)):
+        if time.monotonic() >= deadline:
+            raise NoWorker(name, max(versions))
+        time.sleep(POLL_S)
+
+
+def _chosen(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> list[int]:
+    """The versions a call names: the one its `version` parameter gives, else every version in the store."""
+    stored = pipeline.stored(name)
+    if "version" not in parameters:
+        return sorted(stored)
+    version = _version(parameters["version"])
+    if version not in stored:
+        raise NotFound(f"{name} has no version {version}; it has {_listed(stored)}", code="unknown_version")
+    return [version]
+
+
+def _add(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> int | None:
+    """The version a load's config and files add to the store (None when it carries neither)."""
+    files = {key.removeprefix("file:"): value for key, value in parameters.items() if key.startswith("file:")}
+    if "config" not in parameters and not files:
+        return None
+    if "config" not in parameters:
+        raise BadInput("files come with their config: the version's model.json, as JSON text", code="bad_model")
+    try:
+        meta = json.loads(parameters["config"])
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"config is the version's model.json, as JSON text: {exc}", code="bad_model") from None
+    if not isinstance(meta, dict):
+        raise BadInput("config is the version's model.json: a JSON object", code="bad_model")
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise BadInput(str(exc), code="bad_model") from None
+    if pipeline.catalog.names_given and name not in pipeline.catalog.names_given:
+        raise BadInput(f"this server serves only {', '.join(pipeline.catalog.names_given)} (FUNNEL_MODELS)",
+                       code="not_served")
+    store = pipeline.catalog.store
+    placed = {_place(path): _content(path, value) for path, value in files.items()}
+    numbers = {version for version, _ in placed} or {max(list_versions(store, name), default=0) + 1}
+    if len(numbers) > 1:
+        raise BadInput(f"the files name versions {_listed(numbers)}: one load adds one version", code="bad_model")
+    version = numbers.pop()
+    if version in list_versions(store, name):
+        raise BadInput(f"{name} already has version {version}; a version in the store is not replaced: "
+                       "add a new one", code="version_exists", status=409)
+
+    def build(folder: Path) -> dict[str, Any]:
+        for (_, relative), content in placed.items():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_bytes(content)
+        return {key: value for key, value in meta.items() if key != "name"}
+
+    try:
+        adding.add(store, name, build, version)
+    except ValueError as exc:
+        raise BadInput(str(exc), code="bad_model") from None
+    pipeline.catalog.rescan()  # this process serves it at once; the others at their next rescan
+    return version
+
+
+def _place(path: str) -> tuple[int, PurePosixPath]:
+    """`<version>/<path inside it>`: the version and the file's place in its folder, never outside it."""
+    head, _, rest = path.partition("/")
+    relative = PurePosixPath(rest)
+    if not (head.isascii() and head.isdigit() and int(head) >= 1) or not rest or relative.is_absolute() \
+            or any(part in ("", ".", "..") for part in rest.split("/")) or relative.name == "model.json":
+        raise BadInput(f"a file parameter is file:<version>/<path inside the version's folder, never outside it>, "
+                       f"not file:{path} (model.json is the config)", code="bad_model")
+    return int(head), relative
+
+
+def _content(path: str, value: Any) -> bytes:
+    """A file's bytes: gRPC sends them as bytes, HTTP as base64 text."""
+    if isinstance(value, bytes):
+        return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except (TypeError, ValueError, binascii.Error):
+        raise BadInput(f"file:{path} is not base64", code="bad_model") from None
+
+
+def _version(value: Any) -> int:
+    text = str(value)
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise BadInput(f"version is a positive integer, not {value!r}", code="bad_version")
+    return int(text)
+
+
+def _listed(versions) -> str:
+    return ", ".join(map(str, sorted(versions)))
+
