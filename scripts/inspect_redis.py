@@ -24,7 +24,7 @@ import time
 
 import redis
 
-from funnel.common.contracts import registry, traffic
+from funnel.common.contracts import registry, repository, traffic
 from funnel.common.contracts.keys import Keys, model_of, version_of
 from funnel.common.contracts.wire import WireError, decode_job
 from funnel.common.link.connection import connect, scan_keys
@@ -70,11 +70,12 @@ def routing(weights: dict[int, int], live: set[int]) -> str:
         total = sum(weighted.values())
         return ", ".join(f"version {v} {100 * w / total:.0f}%" for v, w in sorted(weighted.items()))
     chosen = traffic.choose(weights, live)
-    return "nothing: no version has a live worker" if chosen is None else f"version {chosen}"
+    return "nothing: no version served (not unloaded) has a live worker" if chosen is None else f"version {chosen}"
 
 
 def versions_table(client: redis.Redis, keys: Keys, workers: list[dict[str, str]]) -> list[str]:
-    """Each model's versions: live workers, queue and bulk lengths, traffic weight (and the policy)."""
+    """Each model's versions: live workers, queue and bulk lengths, traffic weight (and the policy, and
+    the versions unloaded)."""
     versions: dict[str, set[int]] = {}
     for worker in workers:
         if registry.version_of(worker):
@@ -88,6 +89,11 @@ def versions_table(client: redis.Redis, keys: Keys, workers: list[dict[str, str]
         if model_of(key):
             policies[model_of(key)] = traffic.read(client, keys, model_of(key))
             versions.setdefault(model_of(key), set()).update(policies[model_of(key)])
+    unloaded = {}
+    for key in keys_of(client, keys.pattern("unloaded")):
+        if model_of(key):
+            unloaded[model_of(key)] = repository.read(client, keys, model_of(key))
+            versions.setdefault(model_of(key), set()).update(unloaded[model_of(key)])
     versions.pop("", None)
     queued = registry.version_queue_lengths(client, keys, versions)
     bulk = registry.version_queue_lengths(client, keys, versions, bulk=True)
@@ -99,8 +105,10 @@ def versions_table(client: redis.Redis, keys: Keys, workers: list[dict[str, str]
             lines.append(f"{model:<32}{version:>8}{live:>14}{queued[model][version]:>8}{bulk[model][version]:>8}"
                          f"{weights.get(version, '-')!s:>8}")
         policy = f"traffic {traffic.describe(weights)}" if weights else "no traffic policy"
-        going = routing(weights, registry.versions_live(workers, model))
-        lines.append(f"    {policy}; unpinned requests go to {going}")
+        out = unloaded.get(model, frozenset())
+        going = routing(weights, registry.versions_live(workers, model) - out)
+        lines.append(f"    {policy}; unpinned requests go to {going}"
+                     + (f"; unloaded: {', '.join(map(str, sorted(out)))}" if out else ""))
     return lines
 
 

@@ -6,6 +6,8 @@ and files, served once its worker starts; admin keys only; bad parameters refuse
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -177,6 +179,9 @@ def test_a_whole_model_unloaded_and_loaded_by_tritonclient(stack, admin_http, ad
         infer(admin_http, SENTENCES[0], "1")
     status, body, _ = http("GET", f"{stack.url}/v1/models/{TEXT}", headers=as_user())
     assert status == 200 and [v["unloaded"] for v in body["versions"]] == [True, True]
+    inspected = subprocess.run([str(Path(sys.executable).parent / "funnel"), "inspect", "--redis-url",
+                                stack.redis_url], capture_output=True, text=True, timeout=60)
+    assert inspected.returncode == 0 and "unloaded: 1, 2" in inspected.stdout, inspected.stdout + inspected.stderr
     admin_http.load_model(TEXT, headers=as_admin())
     assert admin_http.is_model_ready(TEXT, headers=as_user())
     assert infer(admin_http, SENTENCES[0])[0] == "2"
