@@ -17,7 +17,10 @@ taker reads every served model's queue lengths in one round trip, then:
   made by evicting a resident model whose queues are empty, and one whose
   work waits only once the cold model's has waited FUNNEL_COLD_AFTER_MS;
 - answers the queued jobs of a model that failed to load 503
-  (`model_unavailable`, naming why) without running them.
+  (`model_unavailable`, naming why) without running them;
+- evicts a resident model version the repository API unloaded
+  (common/contracts/repository.py) once none of its work waits: the web tier
+  sends it nothing more, and its memory is free for the others.
 
 Idle, it looks again after IDLE_S at first, doubling to IDLE_MAX_S: a worker of
 several models polls, where a one-model worker blocks on its queue.
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from funnel.common.contracts import registry
+from funnel.common.contracts import registry, repository
 from funnel.common.contracts.keys import Keys
 from funnel.common.contracts.wire import Reply
 from funnel.common.store import ModelSpec
@@ -81,6 +84,8 @@ class Multiplex:
         self._idle_s = IDLE_S
         self._view: tuple[float, list[dict[str, str]]] = (-float("inf"), [])
         self._members = {s.member for s in served}
+        self._names = sorted({s.spec.name for s in served})
+        self._unloaded: tuple[float, dict[str, frozenset[int]]] = (-float("inf"), {})  # read at, marks
 
     # -- the loop's three steps ------------------------------------------------------------------
 
@@ -93,6 +98,7 @@ class Multiplex:
         if now is None:  # stopped while Redis was down
             return None
         retrying(lambda: self._load_cold(now), self.stop)
+        retrying(lambda: self._evict_unloaded(now), self.stop)
         for s in self.served:  # an evicted model's steps go too: they hold its backend, and its memory
             if s.steps is not None and self.residency.state(s.member) != "resident":
                 s.steps = None
@@ -209,6 +215,17 @@ class Multiplex:
                 continue
             if self.residency.load(s.member, spare=busy if patient else frozenset()):
                 return
+
+    def _evict_unloaded(self, now: float) -> None:
+        """Free the memory of a resident model version the repository API unloaded, once none of its work
+        waits (common/contracts/repository.py; the marks read at most every VIEW_S)."""
+        read_at, unloaded = self._unloaded
+        if now - read_at > VIEW_S:
+            unloaded = {name: repository.read(self.client, self.keys, name) for name in self._names}
+            self._unloaded = (now, unloaded)
+        for s in self.served:
+            if s.spec.version in unloaded[s.spec.name] and min(s.since) == float("inf"):
+                self.residency.evict(s.member, "unloaded through the repository API")
 
     def _held_elsewhere(self, now: float) -> set[tuple[str, int]]:
         """The model versions another live worker has loaded (the registry, read at most every VIEW_S)."""

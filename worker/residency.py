@@ -195,12 +195,23 @@ class Residency:
                 return None
             victims.append(idle[0])
 
-    def _evict(self, model: Model) -> None:
+    def evict(self, member: str, why: str) -> bool:
+        """Take a resident model out of memory now, unless a batch of it is taken and not yet answered;
+        whether it was."""
+        with self._lock:
+            model = self.models[member]
+            if model.state != "resident" or model.pinned:
+                return False
+            self._evict(model, why)
+        self._published()
+        return True
+
+    def _evict(self, model: Model, why: str = "to make room") -> None:
         if model.loaded is not None:
             model.loaded.backend.close()  # a model run in Python: its process ends, its memory freed
         model.loaded, model.state = None, "cold"
         model.stats.add(evictions=1)
-        log.info("evicted %s version %d to make room", model.spec.name, model.spec.version)
+        log.info("evicted %s version %d %s", model.spec.name, model.spec.version, why)
 
     def _run_load(self, model: Model, attempt: int) -> None:
         started = time.monotonic()

@@ -12,7 +12,7 @@ import pytest
 
 from funnel.scripts.stack import Stack
 from tests import toy_model
-from tests.support import FAST_HEARTBEAT, PACED_ENV, http, metric
+from tests.support import FAST_HEARTBEAT, PACED_ENV, http, metric, wait_for
 
 MODELS = [f"copy-{i}" for i in range(4)]
 
@@ -78,3 +78,18 @@ def test_one_worker_answers_each_model_with_its_own_weights(copies, tmp_path):
         evictions = sum(metric(scraped, "funnel_worker_evictions_total", model=name) for name in MODELS)
         assert loads >= len(MODELS) and evictions >= loads - 2
         assert sum(metric(scraped, "funnel_worker_load_seconds_total", model=name) for name in MODELS) > 0
+
+        # A resident model unloaded through the repository API is evicted with no other request; loaded, it
+        # is loaded again by the next request.
+        resident = [w["model"] for w in workers if w["state"] == "resident"][0]
+        assert http("POST", f"{stack.url}/v2/repository/models/{resident}/unload")[0] == 200
+        wait_for(lambda: state_of(stack, resident) == "cold", what=f"{resident} evicted once unloaded")
+        assert http("POST", f"{stack.url}/v2/repository/models/{resident}/load")[0] == 200
+        status, body = ask(stack, resident, vectors)
+        assert status == 200 and state_of(stack, resident) == "resident", body
+
+
+def state_of(stack: Stack, model: str) -> str:
+    """The one worker's state of the model, as GET /v1/models lists it."""
+    listing = http("GET", f"{stack.url}/v1/models/{model}")[1]
+    return listing["workers"][0]["state"]

@@ -97,6 +97,19 @@ def test_a_batch_pins_a_model_until_it_is_answered(redis_client, keys):
     assert r.state("w1.a.1") == "cold" and r.pin("w1.a.1") is None  # evicted: nothing to pin
 
 
+def test_a_model_is_evicted_on_demand_only_when_resident_and_unpinned(redis_client, keys):
+    """What a worker of several models does with a version the repository API unloaded."""
+    r = residency(redis_client, keys, ["a", "b"])
+    assert not r.evict("w1.a.1", "unloaded")  # cold: nothing to evict
+    assert load(r, "a")
+    r.pin("w1.a.1")
+    assert not r.evict("w1.a.1", "unloaded")  # its batch not answered yet
+    r.unpin("w1.a.1")
+    backend = r.models["w1.a.1"].loaded.backend
+    assert r.evict("w1.a.1", "unloaded")
+    assert r.state("w1.a.1") == "cold" and backend.closed and r.models["w1.a.1"].stats.totals["evictions"] == 1
+
+
 def test_the_memory_budget_counts_the_models_files(redis_client, keys):
     r = residency(redis_client, keys, ["small", "large", "other"], limits=Limits(max_resident=0, max_resident_mb=100.0),
                   sizes={"small": 30.0, "large": 60.0, "other": 50.0})

@@ -43,7 +43,10 @@ class Versions:
         return self._policy(model)[1]
 
     def unloaded(self, model: str) -> frozenset[int]:
-        """The model's unloaded versions as this process last read them (common/contracts/repository.py)."""
+        """The model's unloaded versions as this process last read them (common/contracts/repository.py).
+        The workers' view is read first, as every request reads it: a Redis that does not answer fails the
+        request there, once, not after this read has waited for it too."""
+        self.workers.live_versions(model)
         return self._policy(model)[2]
 
     def _policy(self, model: str) -> tuple[float, dict[int, int], frozenset[int]]:
