@@ -149,8 +149,10 @@ def test_perf_analyzer_runs_and_agrees_with_metrics(stack, over_http, protocol):
     clients = [int(n) for n in re.findall(r"Client:\s+Request count: (\d+)", run.stdout)]
     servers = [int(n) for n in re.findall(r"Server:\s+Inference count: (\d+)", run.stdout)]
     assert len(clients) == len(servers) == 4, run.stdout
-    for client, server in zip(clients, servers):
-        assert abs(server - client) <= 0.1 * client, run.stdout
+    for clients_at, client, server in zip((1, 9, 17, 25), clients, servers):
+        # Within 10%, give or take the requests in flight at a window's edges: answered on one side of
+        # it by the server's count, on the other by the client's.
+        assert abs(server - client) <= 0.1 * client + clients_at, run.stdout
     after = over_http.get_inference_statistics(TEXT)["model_stats"][0]
     served = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     queue_ns = after["inference_stats"]["queue"]["ns"] - before["inference_stats"]["queue"]["ns"]
