@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import fcntl
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -112,6 +114,36 @@ def _add(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> int | 
     files = {key.removeprefix("file:"): value for key, value in parameters.items() if key.startswith("file:")}
     if "config" not in parameters and not files:
         return None
+    meta = _config(pipeline, name, parameters)
+    store = pipeline.catalog.store
+    placed = {_place(path): _content(path, value) for path, value in files.items()}
+    named = {version for version, _ in placed}
+    if len(named) > 1:
+        raise BadInput(f"the files name versions {_listed(named)}: one load adds one version", code="bad_model")
+
+    def build(folder: Path) -> dict[str, Any]:
+        for (_, relative), content in placed.items():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_bytes(content)
+        return {key: value for key, value in meta.items() if key != "name"}
+
+    try:
+        with _adding_to(store, name):
+            version = named.pop() if named else max(list_versions(store, name), default=0) + 1
+            if version in list_versions(store, name):
+                raise BadInput(f"{name} already has version {version}; a version in the store is not replaced: "
+                               "add a new one", code="version_exists", status=409)
+            adding.add(store, name, build, version)
+    except ValueError as exc:
+        raise BadInput(str(exc), code="bad_model") from None
+    except OSError as exc:  # a store mounted read-only, a full disk
+        raise Unavailable(f"the model store cannot be written here: {exc}", code="store_unwritable") from None
+    pipeline.catalog.rescan()  # this process serves it at once; the others at their next rescan
+    return version
+
+
+def _config(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A load's config, the new version's model.json, for a name this server may serve."""
     if "config" not in parameters:
         raise BadInput("files come with their config: the version's model.json, as JSON text", code="bad_model")
     try:
@@ -127,28 +159,16 @@ def _add(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> int | 
     if pipeline.catalog.names_given and name not in pipeline.catalog.names_given:
         raise BadInput(f"this server serves only {', '.join(pipeline.catalog.names_given)} (FUNNEL_MODELS)",
                        code="not_served")
-    store = pipeline.catalog.store
-    placed = {_place(path): _content(path, value) for path, value in files.items()}
-    numbers = {version for version, _ in placed} or {max(list_versions(store, name), default=0) + 1}
-    if len(numbers) > 1:
-        raise BadInput(f"the files name versions {_listed(numbers)}: one load adds one version", code="bad_model")
-    version = numbers.pop()
-    if version in list_versions(store, name):
-        raise BadInput(f"{name} already has version {version}; a version in the store is not replaced: "
-                       "add a new one", code="version_exists", status=409)
+    return meta
 
-    def build(folder: Path) -> dict[str, Any]:
-        for (_, relative), content in placed.items():
-            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-            (folder / relative).write_bytes(content)
-        return {key: value for key, value in meta.items() if key != "name"}
 
-    try:
-        adding.add(store, name, build, version)
-    except ValueError as exc:
-        raise BadInput(str(exc), code="bad_model") from None
-    pipeline.catalog.rescan()  # this process serves it at once; the others at their next rescan
-    return version
+@contextlib.contextmanager
+def _adding_to(store: Path, name: str) -> Iterator[None]:
+    """One load at a time adds to a model, across this host's web processes: two loads of the same new
+    version would both find it absent, then write it in one folder."""
+    with open(store / f".{name}.lock", "w") as lock:  # a dot file: never taken for a model
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _place(path: str) -> tuple[int, PurePosixPath]:

@@ -204,12 +204,17 @@ def test_load_adds_a_version_from_a_config_and_files(stack, admin_http, tmp_path
         finally:
             client.close()
 
-    loading = threading.Thread(target=load)
-    loading.start()  # answers once a worker serves it: start one when the version is in the store
-    wait_for(lambda: (Path(stack.model_store) / "toy" / "1" / "model.json").exists() or failed, what="toy added")
+    # Two loads of the same new version at once: one adds it, the other is told it is there.
+    loading = [threading.Thread(target=load) for _ in range(2)]
+    for thread in loading:
+        thread.start()  # the one that adds it answers once a worker serves it: start one when it is stored
+    wait_for(lambda: (Path(stack.model_store) / "toy" / "1" / "model.json").exists() and failed,
+             what="toy added, and the second load refused")
     stack.start_worker("toy:1")
-    loading.join(120)
-    assert not loading.is_alive() and not failed, failed
+    for thread in loading:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in loading)
+    assert len(failed) == 1 and "already has version 1" in str(failed[0]), failed
     assert index(admin_http)["toy", "1"] == ("READY", "")
     vectors = toy_model.vectors(5)
     status, body, _ = http("POST", f"{stack.url}/v1/models/toy/predict", json_body={"inputs": vectors},
