@@ -26,7 +26,7 @@ import contextlib
 import fcntl
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -68,16 +68,16 @@ def unload(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout
     versions = _chosen(pipeline, name, parameters)
     client, keys = pipeline.client, pipeline.keys
     repository.unload(client, keys, name, versions)
+    held = [0]
+
+    def drained() -> bool:
+        held[0] = repository.holding(client, keys, name, *versions)
+        return not held[0]
+
     # Every web process reads the mark within REFRESH_S; a job pushed before that is waited for too.
-    settled_at, deadline = time.monotonic() + REFRESH_S, time.monotonic() + timeout_s
-    while True:
-        held = sum(repository.holding(client, keys, name, v) for v in versions)
-        if not held and time.monotonic() >= settled_at:
-            return
-        if time.monotonic() >= deadline:
-            raise Unavailable(f"{name} is unloaded, and its versions {_listed(versions)} still hold {held} jobs; "
-                              "call unload again to wait for them", code="draining", retry_after=5)
-        time.sleep(POLL_S)
+    _wait(drained, REFRESH_S, timeout_s, lambda: Unavailable(
+        f"{name} is unloaded, and its versions {_listed(versions)} still hold {held[0]} jobs; call unload again "
+        "to wait for them", code="draining", retry_after=5))
 
 
 def load(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout_s: float) -> None:
@@ -89,12 +89,16 @@ def load(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout_s
     repository.load(client, keys, name, versions)
     # Answered once every web process has read the store (a version added: within RESCAN_S) and the mark
     # gone (within REFRESH_S), and a worker serves it.
-    settled_at = time.monotonic() + (RESCAN_S if added else REFRESH_S)
-    deadline = time.monotonic() + timeout_s
-    while not (time.monotonic() >= settled_at
-               and registry.versions_live(registry.live_workers(client, keys), name) & set(versions)):
+    _wait(lambda: bool(registry.versions_live(registry.live_workers(client, keys), name) & set(versions)),
+          RESCAN_S if added else REFRESH_S, timeout_s, lambda: NoWorker(name, max(versions)))
+
+
+def _wait(done: Callable[[], bool], settle_s: float, timeout_s: float, timed_out: Callable[[], Exception]) -> None:
+    """Until done(), asked once settle_s has passed and every POLL_S after; timed_out() past timeout_s."""
+    settled_at, deadline = time.monotonic() + settle_s, time.monotonic() + timeout_s
+    while not (time.monotonic() >= settled_at and done()):
         if time.monotonic() >= deadline:
-            raise NoWorker(name, max(versions))
+            raise timed_out()
         time.sleep(POLL_S)
 
 

@@ -23,8 +23,9 @@ deadline, never past FUNNEL_REQUEST_TIMEOUT_S.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -111,19 +112,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                       answer: Callable[[Origin], Awaitable[Answer]]) -> Answer:
         """answer(origin)'s result, once the call's key is checked; or the call ended with the status
         its failure maps to."""
+        try:
+            with self._call():
+                return await answer(self._origin(context))
+        except Exception as exc:  # every failure is a status, never a traceback to the client
+            code, message, trailing = status_of(exc)
+        await context.abort(code, message, trailing_metadata=trailing)
+        raise AssertionError("abort() raises")  # for the type checker: abort never returns
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """One call (or one request of a stream) in flight, which drain() waits for; UNAVAILABLE while
+        the server is stopping."""
         self.in_flight += 1
         try:
             if self.draining:
                 raise Unavailable("this server is stopping; call again")
-            return await answer(self._origin(context))
-        except Exception as exc:  # every failure is a status, never a traceback to the client
-            code, message, trailing = status_of(exc)
+            yield
         finally:
             self.in_flight -= 1
             if not self.in_flight:
                 self.idle.set()
-        await context.abort(code, message, trailing_metadata=trailing)
-        raise AssertionError("abort() raises")  # for the type checker: abort never returns
 
     def _origin(self, context: grpc.aio.ServicerContext) -> Origin:
         """The call's key (UNAUTHENTICATED without one, where FUNNEL_API_KEYS is set), request id and
@@ -192,23 +201,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         running: set[asyncio.Task] = set()
 
         async def one(request: pb.ModelInferRequest) -> None:
-            self.in_flight += 1
             try:
-                if self.draining:
-                    raise Unavailable("this server is stopping; call again")
-                response = await self.pipeline.infer(
-                    self.parser, request, request.model_name, request.model_version or None,
-                    lambda: self.settings.request_timeout_s, origin, self._render(request))
-                await answered.put(pb.ModelStreamInferResponse(infer_response=response))
+                with self._call():
+                    response = await self.pipeline.infer(
+                        self.parser, request, request.model_name, request.model_version or None,
+                        lambda: self.settings.request_timeout_s, origin, self._render(request))
+                    await answered.put(pb.ModelStreamInferResponse(infer_response=response))
             except Exception as exc:  # this request's failure, on the stream that goes on
                 _, message, _ = status_of(exc)
                 which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
                                               id=request.id)
                 await answered.put(pb.ModelStreamInferResponse(error_message=message, infer_response=which))
-            finally:
-                self.in_flight -= 1
-                if not self.in_flight:
-                    self.idle.set()
 
         async def read() -> None:
             async for request in requests:

@@ -59,10 +59,7 @@ class V1:
         for r, cache in zip(replies, answered.cache or [""] * len(replies), strict=True):
             shared = by_job.get((r.id, cache))
             if shared is None:
-                shared = by_job[r.id, cache] = {
-                    "worker": r.worker, "model_version": r.version, "batch_size": r.batch_size,
-                    "queue_ms": round(r.queue_ms, 2), "infer_ms": round(r.infer_ms, 2), "request_id": request_id,
-                    "priority": answered.lane, **({"cache": cache} if cache else {})}
+                shared = by_job[r.id, cache] = meta_of(r, request_id, answered.lane, cache)
             meta.append(shared)
         if work.kept.single:
             body = {"model": name, **results[0], "meta": meta[0]}
@@ -75,6 +72,13 @@ class V1:
             log.exception("predict failed", exc_info=error)
         status, body, headers = errors.render(error, request)
         return status, orjson.dumps(body), headers
+
+
+def meta_of(reply: Reply, request_id: str, lane: str, cache: str = "") -> dict:
+    """An item's "meta": what its job's reply says of how it was run (the same for every item of the job)."""
+    return {"worker": reply.worker, "model_version": reply.version, "batch_size": reply.batch_size,
+            "queue_ms": round(reply.queue_ms, 2), "infer_ms": round(reply.infer_ms, 2), "request_id": request_id,
+            "priority": lane, **({"cache": cache} if cache else {})}
 
 
 # -- streamed answers ------------------------------------------------------------------------------
@@ -109,9 +113,7 @@ class Events:
                      "message": (reply.error or {}).get("message", "")}
             return b"".join(self._event("item", first + i, {"index": first + i, "error": error})
                             for i in range(count))
-        meta = {"worker": reply.worker, "model_version": reply.version, "batch_size": reply.batch_size,
-                "queue_ms": round(reply.queue_ms, 2), "infer_ms": round(reply.infer_ms, 2),
-                "request_id": self.request_id, "priority": lane}
+        meta = meta_of(reply, self.request_id, lane)
         return b"".join(self._event("item", first + i, {"index": first + i, **(item.outputs or {}), "meta": meta})
                         for i, item in enumerate(reply.each()))
 
