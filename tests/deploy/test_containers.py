@@ -393,18 +393,23 @@ def test_redis_cli_in_the_redis_container(stack):
 def test_stop_under_load_loses_nothing(stack):
     """`stop worker-text` with requests flowing: each worker answers what it took and exits 0.
 
-    Requests queued after the last worker left wait in Redis: `start` serves them,
-    within the request timeout. None may fail.
+    A request queued before the last worker deregistered waits in Redis and `start` serves it; one sent
+    after is answered 503 `no_worker` at once with a Retry-After (failure contract), and the client that
+    honours it is served once `start` has run. Nothing else may be answered.
     """
-    sending = threading.Event()
+    sending, backoff = threading.Event(), threading.Event()  # backoff is never set: a client's pause
     sending.set()
-    results: list[tuple[int, dict]] = []
+    results: list[tuple[float, int, dict, str | None]] = []  # when answered, status, body, Retry-After
 
     def client(n: int) -> None:
         i = 0
         while sending.is_set():
-            results.append(embed(stack.url, f"Client {n} says sentence {i}."))
+            status, body, headers = http("POST", f"{stack.url}/v1/models/text-embedding/predict",
+                                         json_body={"text": f"Client {n} says sentence {i}."}, timeout=60)
+            results.append((time.monotonic(), status, body, headers.get("Retry-After")))
             i += 1
+            if status == 503:
+                backoff.wait(0.5)  # what a client owes Retry-After, shortened to keep the test short
 
     before = {c["Id"] for c in stack.containers("worker-text")}
     threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
@@ -414,16 +419,21 @@ def test_stop_under_load_loses_nothing(stack):
         wait_for(lambda: len(results) >= 20, 60, 0.25, "20 answers under load", detail=stack.logs)
         during = len(results)
         stack.run("stop", "--timeout", "30", "worker-text", timeout=120)
+        stopped = json.loads(subprocess.run(["docker", "inspect", *before], capture_output=True, text=True,
+                                            check=True, timeout=60).stdout)
+        stack.run("start", "worker-text", timeout=120)
+        started = time.monotonic()
+        wait_for(lambda: sum(1 for at, status, _, _ in results if at > started and status == 200) >= 3, 90, 0.25,
+                 "answers after `start`", detail=stack.logs)
     finally:
         sending.clear()
-    stopped = json.loads(subprocess.run(["docker", "inspect", *before], capture_output=True, text=True,
-                                        check=True, timeout=60).stdout)
-    stack.run("start", "worker-text", timeout=120)
     for t in threads:
         t.join(timeout=90)
     assert not any(t.is_alive() for t in threads)
     assert {c["State"]["Status"] for c in stopped} == {"exited"}
     assert {c["Name"]: c["State"]["ExitCode"] for c in stopped} == {c["Name"]: 0 for c in stopped}
     assert len(results) > during
-    failed = [(s, b) for s, b in results if s != 200]
+    refused = [(s, b, retry) for _, s, b, retry in results if s == 503]
+    assert all(b.get("error", {}).get("code") == "no_worker" and retry for _, b, retry in refused), refused[:3]
+    failed = [(s, b) for _, s, b, _ in results if s not in (200, 503)]
     assert not failed, f"{len(failed)} of {len(results)} failed: {failed[:3]}"

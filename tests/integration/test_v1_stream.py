@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import time
 
 import numpy as np
@@ -97,7 +98,10 @@ def test_json_lines_and_the_json_answers_errors(stack):
 
 
 def test_a_client_gone_after_a_hundred_events_has_the_rest_dropped(stack):
+    """The workers are paused (SIGSTOP) at the hundredth event, so that jobs are still queued when the client
+    leaves however far ahead of the web tier's writing they had run; resumed once the leaving is marked."""
     client = redis.Redis.from_url(stack.redis_url)
+    queue, gone = Keys().queue(TEXT), Keys().gone(TEXT)
 
     def totals() -> dict[str, float]:
         workers = [w for w in registry.live_workers(client, Keys()) if w.get("model") == TEXT]
@@ -106,13 +110,21 @@ def test_a_client_gone_after_a_hundred_events_has_the_rest_dropped(stack):
     before = totals()
     conn, response = open_stream(stack, texts(MANY, "leaver"), "text/event-stream")
     seen = 0
-    for name, _ in sse_events(response):
-        seen += name == "item"
-        if seen == 100:
-            break
-    conn.sock.close()  # gone, mid-stream
-    conn.close()
-    wait_for(lambda: client.llen(Keys().queue(TEXT)) == 0, timeout_s=60, what="the queue emptied")
+    try:
+        for name, _ in sse_events(response):
+            seen += name == "item"
+            if seen == 100:
+                break
+        for worker in stack.workers:
+            worker.send_signal(signal.SIGSTOP)
+        assert client.llen(queue) > 0, "every job was taken before the client saw its hundredth item"
+        conn.sock.close()  # gone, mid-stream
+        conn.close()
+        wait_for(lambda: client.zcard(gone) > 0, timeout_s=30, what="the web tier to mark the jobs left")
+    finally:
+        for worker in stack.workers:
+            worker.send_signal(signal.SIGCONT)
+    wait_for(lambda: client.llen(queue) == 0, timeout_s=60, what="the queue emptied")
     wait_for(lambda: totals()["left"] > before["left"], timeout_s=30, what="the workers to count dropped jobs")
     after = totals()
     assert after["items"] - before["items"] < MANY, (before, after)  # not every item ran
