@@ -10,6 +10,7 @@ few dozen requests saturate it on any machine.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import urllib.request
@@ -97,9 +98,16 @@ def test_a_low_request_is_served_under_a_flood_above_it(stack):
 
 
 def test_a_full_queue_turns_low_away_first(stack):
+    """The worker paused (SIGSTOP) while the low request is pushed: no take between the queue seen at
+    its limit and the push may make room for it."""
+    (worker,) = stack.workers
     with Flood(stack, clients=MAX_QUEUE + 6):
-        wait_for(lambda: queued(stack) >= MAX_QUEUE, what="the queue at its limit")
-        low = predict(stack, "low")
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: queued(stack) >= MAX_QUEUE, what="the queue at its limit")
+            low = predict(stack, "low")
+        finally:
+            worker.send_signal(signal.SIGCONT)
         high = predict(stack, "high")
     assert low[0] == 503 and low[1]["error"]["code"] == "overloaded", low[:2]
     assert high[0] == 200, high[:2]
