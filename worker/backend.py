@@ -218,7 +218,7 @@ def name(spec: ModelSpec, backend: str) -> str:
 
 
 def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning: bool = True,
-         core_lock: str = "") -> Backend:
+         core_lock: str = "", tcmalloc: bool = False) -> Backend:
     if device == "auto":  # the worker resolves auto first (worker/device.py); others get the first GPU
         from funnel.worker.device import cuda_devices
 
@@ -226,7 +226,7 @@ def load(spec: ModelSpec, backend: str, device: str, threads: int = 0, spinning:
     backend = name(spec, backend)
     model: Backend
     if backend == "python":
-        model = ModelProcess(spec, device, threads)
+        model = ModelProcess(spec, device, threads, tcmalloc)
     elif backend == "onnx":
         model = OnnxBackend(spec, device, threads, spinning, core_lock=core_lock)
     else:

@@ -97,7 +97,8 @@ def loaded(settings: WorkerSettings, spec: ModelSpec, device: str, client, keys:
     task = tasks.load(spec)
     if isinstance(task, Chain):
         return Loaded(task, ChainRunner(task, client, keys, store=settings.model_store, worker_id=settings.worker_id))
-    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning, settings.core_lock)
+    model = backends.load(spec, settings.backend, device, settings.threads(), settings.spinning, settings.core_lock,
+                          settings.tcmalloc)
     warmup.run(task, model, settings.batch_size or spec.batch_size, device)
     return Loaded(task, model)
 

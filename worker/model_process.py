@@ -45,6 +45,7 @@ import numpy as np
 
 from funnel.common.errors import FunnelError
 from funnel.common.store import ModelSpec
+from funnel.worker import allocator
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,9 @@ def memory_mb(pid: int) -> float:
 class ModelProcess:
     """The worker's handle on a model's process: a Backend (worker/backend.py) whose run is a `predict`."""
 
-    def __init__(self, spec: ModelSpec, device: str, threads: int = 0):
+    def __init__(self, spec: ModelSpec, device: str, threads: int = 0, tcmalloc: bool = False):
         self.spec, self.device, self.threads = spec, device, threads
+        self.tcmalloc = tcmalloc and device == "cpu"  # worker/allocator.py
         self.timeout_s = float(spec.config.get("predict_timeout_s", _task_timeout(spec)))
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
@@ -143,6 +145,8 @@ class ModelProcess:
         if self.threads:  # what torch, numpy's BLAS and onnxruntime read as they start
             env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
                        OPENBLAS_NUM_THREADS=str(self.threads))
+        if self.tcmalloc:
+            env = allocator.with_tcmalloc(env) or env
         try:
             self.process = subprocess.Popen([sys.executable, "-m", "funnel.worker.model_process",
                                              str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,

@@ -72,7 +72,8 @@ class WorkerSettings(SharedSettings):
     worker_id: str = setting("", "unique id of this worker (default: host-pid-random)")
     spinning: bool = setting(True, "let ONNX Runtime's threads spin-wait between the steps of a run "
                              "(never between runs; off: they sleep, slower unless replicas share the cores)")
-    tcmalloc: bool = setting(True, "preload tcmalloc for the torch backend on CPU, when installed")
+    tcmalloc: bool = setting(True, "preload tcmalloc on CPU, when installed, for the torch backend and "
+                             "for the process of each model in Python")
     log_batches: bool = setting(False, "log one line per batch (size, wait, inference time)")
     webhook_attempts: int = setting(8, "attempts to deliver a job's webhook before it is marked failed")
     webhook_backoff_s: float = setting(30.0, "wait before the second webhook attempt, doubled for each after "

@@ -96,6 +96,18 @@ def test_workers_say_they_run_python(stack):
         assert status == 200 and {w["backend"] for w in body["workers"]} == {"python"}, body
 
 
+def test_each_model_process_runs_on_tcmalloc(stack):
+    """torch eager in a model's process allocates as the torch backend's worker does (worker/allocator.py)."""
+    from funnel.worker.allocator import tcmalloc_path
+
+    if not tcmalloc_path():
+        pytest.skip("tcmalloc is preloaded only where libtcmalloc-minimal4 is installed")
+    children = [pid for worker in stack.workers for pid in model_processes(worker)]
+    assert children, "no model process"
+    for pid in children:
+        assert "tcmalloc" in Path(f"/proc/{pid}/maps").read_text(), pid
+
+
 def test_eager_minilm_answers_what_its_own_code_answers_alone_and_batched(stack, own):
     minilm = own.minilm
     folder = minilm.weights_folder()
