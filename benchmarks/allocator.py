@@ -39,8 +39,7 @@ def point(model: str, batch: int, seconds: float) -> dict[str, float]:
 
     torch.set_num_threads(1)
     if model == "text":
-        sys.path.insert(0, os.path.join(ROOT, "tests", "third_party"))
-        from eagerminilm import minilm
+        from eagerminilm import minilm  # tests/third_party, on measure()'s PYTHONPATH
 
         folder = minilm.weights_folder()
         net = minilm.load_model(folder)
@@ -69,7 +68,9 @@ def point(model: str, batch: int, seconds: float) -> dict[str, float]:
 
 def measure(model: str, batch: int, seconds: float, preload: str) -> dict[str, float]:
     """point() in a fresh process, with `preload` as its LD_PRELOAD ("" for glibc's malloc)."""
-    env = {**os.environ, "LD_PRELOAD": preload, "OMP_NUM_THREADS": "1"}
+    walkthroughs = os.path.join(ROOT, "tests", "third_party")
+    env = {**os.environ, "LD_PRELOAD": preload, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [walkthroughs, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "benchmarks.allocator", "--point", model, str(batch), str(seconds)],
                           env=env, capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
