@@ -1,6 +1,7 @@
 """Funnel against the in-process ceiling measured beside it in time: a ratio a drifting machine cannot move.
 
     python -m benchmarks.paired [--system funnel-python|funnel] [--pairs 6] [--clients 32] [--duration 8]
+                                [--funnel-env FUNNEL_X=VALUE ...]
 
 `benchmarks.bench` measures each system in turn, round after round, and divides
 medians: on a machine whose speed moves within a run (the eager ceiling measured
@@ -10,7 +11,8 @@ pair is the ceiling at batch 32 (benchmarks/peers/ceiling.py, the library's
 default threads, the stack idle) and wrk at --clients on the stack, back to
 back, their order alternating from pair to pair. Each pair's ratio is the
 stack's req/s over the ceiling's items/s of the same pair; the report gives
-every pair's and their median.
+every pair's and their median. `--funnel-env` starts the stack with a setting
+to compare (one run with it, one without).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -53,12 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds of each ceiling run and wrk run")
     parser.add_argument("--settle", type=float, default=2.0, help="idle seconds before each wrk run")
     parser.add_argument("--store", default=str(ROOT / "model_store"))
+    parser.add_argument("--funnel-env", action="append", default=[], metavar="FUNNEL_X=VALUE",
+                        help="a setting for the stack (repeatable; each tier reads its own)")
     args = parser.parse_args(argv)
+    if any(not re.fullmatch(r"FUNNEL_[A-Z_]+=.*", kv) for kv in args.funnel_env):
+        parser.error("--funnel-env takes FUNNEL_NAME=value")
+    funnel_env = dict(kv.split("=", 1) for kv in args.funnel_env)
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
     impl = IMPL[args.system]
-    options = SimpleNamespace(store=str(Path(args.store).resolve()), device="cpu", web_processes=None, funnel_env={},
-                              duration=args.duration, settle=args.settle)
+    options = SimpleNamespace(store=str(Path(args.store).resolve()), device="cpu", web_processes=None,
+                              funnel_env=funnel_env, duration=args.duration, settle=args.settle)
     data = payload(TEXT, args.system, b"")
     workdir = Path(tempfile.mkdtemp(prefix="funnel-paired-"))
     raw = workdir / "ceiling.raw"
@@ -91,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     save(f"paired-{args.system}", f"# {args.system} against the {impl} ceiling beside it, "
                                   f"{time.strftime('%Y-%m-%d %H:%M')}\n\nMachine: {machine()}\n\n"
                                   f"Command: `{command}`: {args.clients} clients, {args.duration:g} s a run, "
-                                  f"{os.cpu_count()} cores; the stack as `benchmarks.bench` starts it.\n\n"
+                                  f"{os.cpu_count()} cores; the stack as `benchmarks.bench` starts it"
+                                  f"{', with ' + ', '.join(args.funnel_env) if funnel_env else ''}.\n\n"
                                   + "\n".join(table) + f"\n\nMedian of the pairs' ratios: "
                                   f"{statistics.median(ratios):.2f} (from {min(ratios):.2f} to {max(ratios):.2f}).\n")
     return 0
