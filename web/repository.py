@@ -52,7 +52,7 @@ def index(pipeline: Pipeline, ready_only: bool = False) -> list[dict[str, str]]:
         live, unloaded = registry.versions_live(workers, name), repository.read(client, keys, name)
         for version in sorted(pipeline.catalog.versions(name)):
             if version in unloaded:
-                held = repository.holding(client, keys, name, version)
+                held = repository.holding(client, keys, name, [version])
                 state, reason = ("UNLOADING", f"{held} jobs still to answer") if held else ("UNAVAILABLE", "unloaded")
             elif version in live:
                 state, reason = "READY", ""
@@ -71,7 +71,7 @@ def unload(pipeline: Pipeline, name: str, parameters: Mapping[str, Any], timeout
     held = [0]
 
     def drained() -> bool:
-        held[0] = repository.holding(client, keys, name, *versions)
+        held[0] = repository.holding(client, keys, name, versions)
         return not held[0]
 
     # Every web process reads the mark within REFRESH_S; a job pushed before that is waited for too.
@@ -133,8 +133,9 @@ def _add(pipeline: Pipeline, name: str, parameters: Mapping[str, Any]) -> int | 
 
     try:
         with _adding_to(store, name):
-            version = named.pop() if named else max(list_versions(store, name), default=0) + 1
-            if version in list_versions(store, name):
+            stored = list_versions(store, name)
+            version = named.pop() if named else max(stored, default=0) + 1
+            if version in stored:
                 raise BadInput(f"{name} already has version {version}; a version in the store is not replaced: "
                                "add a new one", code="version_exists", status=409)
             adding.add(store, name, build, version)

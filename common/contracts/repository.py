@@ -36,16 +36,16 @@ def load(client: redis.Redis, keys: Keys, model: str, versions: Iterable[int]) -
     client.srem(keys.unloaded(model), *map(str, versions))
 
 
-def holding(client: redis.Redis, keys: Keys, model: str, version: int, *more: int) -> int:
+def holding(client: redis.Redis, keys: Keys, model: str, versions: Iterable[int]) -> int:
     """The jobs these versions still hold: waiting in their queues (every lane and bulk) and taken by their
     workers. A worker that died holding jobs counts them until recovery puts them back on the queue;
     its hash is gone, so every dead worker of the model counts, whatever version it served."""
-    versions = {version, *more}
+    wanted = set(versions)
     listed = [w for w, m in registry.registered(client, keys).items() if m == model]
     live = {w["id"]: registry.version_of(w) for w in registry.live_workers(client, keys) if w.get("model") == model}
-    holders = [w for w in listed if live.get(w, version) in versions]  # theirs, and the dead
+    holders = [w for w in listed if w not in live or live[w] in wanted]  # theirs, and the dead
     pipe = client.pipeline(transaction=False)
-    for key in (key for v in sorted(versions) for key in keys.taken_from(model, v)):
+    for key in (key for v in sorted(wanted) for key in keys.taken_from(model, v)):
         pipe.llen(key)
     for worker_id in holders:
         pipe.llen(keys.inflight(model, worker_id))

@@ -99,7 +99,7 @@ def change(stack, what: str, name: str, parameters: dict, key: str = ADMIN) -> t
 
 def held(stack, version: int) -> int:
     with redis.Redis.from_url(stack.redis_url) as client:
-        return repository.holding(client, Keys(), TEXT, version)
+        return repository.holding(client, Keys(), TEXT, [version])
 
 
 def test_a_version_unloaded_under_load_drains_and_loads_again(stack, admin_grpc):

@@ -100,11 +100,11 @@ def test_unloaded_versions_are_read_with_the_policy_and_a_drain_counts_what_each
     publish(redis_client, keys, "w2", 2)
     publish(redis_client, keys, "gone", 1)
     redis_client.delete(keys.worker(TEXT, "gone"))  # a dead worker: listed, its hash expired
-    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [0, 0]
+    assert [repository.holding(redis_client, keys, TEXT, [v]) for v in (1, 2)] == [0, 0]
     redis_client.lpush(keys.queue(TEXT, 2, "high"), b"job")
     redis_client.lpush(keys.bulk(TEXT, 2), b"job")
     redis_client.lpush(keys.inflight(TEXT, "w2"), b"job")
     redis_client.lpush(keys.inflight(TEXT, "w1"), b"job")
-    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [1, 3]
+    assert [repository.holding(redis_client, keys, TEXT, [v]) for v in (1, 2)] == [1, 3]
     redis_client.lpush(keys.recovering(TEXT, "gone"), b"job")  # whatever version it served: counted for each
-    assert [repository.holding(redis_client, keys, TEXT, v) for v in (1, 2)] == [2, 4]
+    assert [repository.holding(redis_client, keys, TEXT, [v]) for v in (1, 2)] == [2, 4]
