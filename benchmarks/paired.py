@@ -1,7 +1,7 @@
 """Funnel against the in-process ceiling measured beside it in time: a ratio a drifting machine cannot move.
 
     python -m benchmarks.paired [--system funnel-python|funnel] [--pairs 6] [--clients 32] [--duration 8]
-                                [--funnel-env FUNNEL_X=VALUE ...]
+                                [--funnel-env FUNNEL_X=VALUE ...] [--against REVISION]
 
 `benchmarks.bench` measures each system in turn, round after round, and divides
 medians: on a machine whose speed moves within a run (the eager ceiling measured
@@ -13,11 +13,19 @@ back, their order alternating from pair to pair. Each pair's ratio is the
 stack's req/s over the ceiling's items/s of the same pair; the report gives
 every pair's and their median. `--funnel-env` starts the stack with a setting
 to compare (one run with it, one without).
+
+`--against REVISION` compares code: a second stack runs that git revision of
+Funnel (a worktree of it first on PYTHONPATH, the same settings), and each
+round is the ceiling and both stacks back to back, in an order that rotates
+from round to round; the report adds each round's ratio of this tree's stack
+to the revision's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import re
@@ -27,6 +35,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,6 +59,49 @@ def ceiling(impl: str, options, raw: Path, seconds: float) -> float:
     return float(json.loads(done.stdout.split("CEILING ", 1)[1])["batch32"])
 
 
+@contextmanager
+def revision(rev: str, workdir: Path) -> Iterator[str]:
+    """A worktree of Funnel at rev, laid out as the package `funnel` (its pyproject's package-dir, in
+    links) under the PYTHONPATH entry yielded: found before the editable install's finder, which Python
+    consults after the path."""
+    tree, path = workdir / "revision", workdir / "revision-path"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True, capture_output=True)
+    try:
+        folders = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+        package = path / "funnel"
+        package.mkdir(parents=True)
+        for entry in (tree / folders["funnel"]).iterdir():
+            (package / entry.name).symlink_to(entry)
+        for name, folder in folders.items():
+            if name.count(".") == 1:  # funnel.web and its siblings; deeper packages are inside them
+                (package / name.split(".")[1]).symlink_to(tree / folder)
+        yield str(path)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+
+
+def start_at(path: str | None, start):
+    """start(), its processes importing Funnel from path first (None: this tree)."""
+    before = os.environ.get("PYTHONPATH")
+    if path:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (path, before) if p)
+    try:
+        return start()
+    finally:
+        if path and before is None:
+            del os.environ["PYTHONPATH"]
+        elif path:
+            os.environ["PYTHONPATH"] = before
+
+
+def orders(stacks: int, i: int) -> list[str]:
+    """Round i's order of the ceiling and the stacks: rotated one place each round, reversed every
+    other round, so no run always follows the same one."""
+    steps = ["ceiling", *(f"stack{k}" for k in range(stacks))]
+    turned = steps[i % len(steps):] + steps[:i % len(steps)]
+    return turned[::-1] if (i // len(steps)) % 2 else turned
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--system", default="funnel-python", choices=sorted(IMPL))
@@ -58,10 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default=str(ROOT / "model_store"))
     parser.add_argument("--funnel-env", action="append", default=[], metavar="FUNNEL_X=VALUE",
                         help="a setting for the stack (repeatable; each tier reads its own)")
+    parser.add_argument("--against", metavar="REVISION",
+                        help="a git revision whose Funnel runs in a second stack beside this tree's")
     args = parser.parse_args(argv)
     if any(not re.fullmatch(r"FUNNEL_[A-Z_]+=.*", kv) for kv in args.funnel_env):
         parser.error("--funnel-env takes FUNNEL_NAME=value")
     funnel_env = dict(kv.split("=", 1) for kv in args.funnel_env)
+    if args.against:  # its hash names it in the report: HEAD or a branch moves on
+        named = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, capture_output=True,
+                               text=True)
+        if named.returncode != 0:
+            parser.error(f"--against: no revision {args.against!r} here")
+        args.against = named.stdout.strip()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
     impl = IMPL[args.system]
@@ -71,40 +133,68 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="funnel-paired-"))
     raw = workdir / "ceiling.raw"
     raw.write_bytes(data.body)
-    pairs: list[tuple[float, float]] = []  # (ceiling items/s, stack req/s)
-    running = STARTERS[args.system](TEXT, impl, options, workdir)
-    try:
-        wait_ready(running, TEXT, data)
-        script = write_lua(workdir, args.system, data)
-        with open(workdir / "wrk.log", "a") as log:
+    rounds: list[dict[str, float]] = []  # ceiling items/s, each stack's req/s
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        paths = [None] + ([cleanup.enter_context(revision(args.against, workdir))] if args.against else [])
+        stacks = []
+        for k, path in enumerate(paths):
+            folder = workdir / f"stack{k}"
+            folder.mkdir()
+            running = start_at(path, functools.partial(STARTERS[args.system], TEXT, impl, options, folder))
+            cleanup.callback(running.stop)
+            wait_ready(running, TEXT, data)
+            stacks.append((running, write_lua(folder, args.system, data)))
+        log = cleanup.enter_context(open(workdir / "wrk.log", "a"))
+        for running, script in stacks:
             measure_point(running, args.system, TEXT, args.clients, script, options, log)  # warm-up
-            for i in range(args.pairs):
-                found: dict[str, float] = {}
-                for step in (("ceiling", "stack") if i % 2 == 0 else ("stack", "ceiling")):
-                    if step == "ceiling":
-                        found[step] = ceiling(impl, options, raw, args.duration)
-                    else:
-                        found[step] = measure_point(running, args.system, TEXT, args.clients, script, options,
-                                                    log)["rps"]
-                pairs.append((found["ceiling"], found["stack"]))
-                print(f"pair {i + 1}: ceiling {found['ceiling']:.1f} items/s, {args.system} {found['stack']:.1f} "
-                      f"req/s: {found['stack'] / found['ceiling']:.2f}", flush=True)
-    finally:
-        running.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    ratios = [stack / top for top, stack in pairs]
-    table = ["| pair | ceiling items/s (batch 32) | stack req/s | ratio |", "|---|---|---|---|"]
-    table += [f"| {i + 1} | {top:.1f} | {stack:.1f} | {stack / top:.2f} |" for i, (top, stack) in enumerate(pairs)]
+        for i in range(args.pairs):
+            found: dict[str, float] = {}
+            for step in orders(len(stacks), i):
+                if step == "ceiling":
+                    found[step] = ceiling(impl, options, raw, args.duration)
+                else:
+                    running, script = stacks[int(step[5:])]
+                    found[step] = measure_point(running, args.system, TEXT, args.clients, script, options,
+                                                log)["rps"]
+            rounds.append(found)
+            print(f"pair {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()), flush=True)
     command = " ".join(["python -m benchmarks.paired", *(argv if argv is not None else sys.argv[1:])])
-    save(f"paired-{args.system}", f"# {args.system} against the {impl} ceiling beside it, "
-                                  f"{time.strftime('%Y-%m-%d %H:%M')}\n\nMachine: {machine()}\n\n"
-                                  f"Command: `{command}`: {args.clients} clients, {args.duration:g} s a run, "
-                                  f"{os.cpu_count()} cores; the stack as `benchmarks.bench` starts it"
-                                  f"{', with ' + ', '.join(args.funnel_env) if funnel_env else ''}.\n\n"
-                                  + "\n".join(table) + f"\n\nMedian of the pairs' ratios: "
-                                  f"{statistics.median(ratios):.2f} (from {min(ratios):.2f} to {max(ratios):.2f}).\n")
+    save(f"paired-{args.system}", report(args, impl, command, rounds))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def report(args, impl: str, command: str, rounds: list[dict[str, float]]) -> str:
+    """The pairs' table and the medians of its ratios, as markdown."""
+    rev = args.against
+    rates = [("stack0", "stack req/s")] + ([("stack1", f"{rev} req/s")] if rev else [])
+    ratios = [("stack / ceiling", "the stack against the ceiling", "stack0", "ceiling", 2)]
+    if rev:
+        ratios += [(f"{rev} / ceiling", f"{rev} against the ceiling", "stack1", "ceiling", 2),
+                   (f"stack / {rev}", f"the stack against {rev}", "stack0", "stack1", 3)]
+    head = ["pair", "ceiling items/s (batch 32)", *(name for _, name in rates), *(r[0] for r in ratios)]
+    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, found in enumerate(rounds):
+        cells = [f"{i + 1}", f"{found['ceiling']:.1f}", *(f"{found[key]:.1f}" for key, _ in rates),
+                 *(f"{found[top] / found[bottom]:.{digits}f}" for _, _, top, bottom, digits in ratios)]
+        table.append("| " + " | ".join(cells) + " |")
+    medians = []
+    for _, label, top, bottom, digits in ratios:
+        values = [found[top] / found[bottom] for found in rounds]
+        medians.append(f"Median of the pairs' ratios, {label}: {statistics.median(values):.{digits}f} "
+                       f"(from {min(values):.2f} to {max(values):.2f}).")
+    settings = f", with {', '.join(args.funnel_env)}" if args.funnel_env else ""
+    versus = f" Beside it, a second stack runs {revision_name(rev)}, the same settings." if rev else ""
+    return (f"# {args.system} against the {impl} ceiling beside it, {time.strftime('%Y-%m-%d %H:%M')}\n\n"
+            f"Machine: {machine()}\n\nCommand: `{command}`: {args.clients} clients, {args.duration:g} s a run, "
+            f"{os.cpu_count()} cores; the stack as `benchmarks.bench` starts it{settings}, this tree at "
+            f"{revision_name('HEAD', this_tree=True)}.{versus}\n\n" + "\n".join(table) + "\n\n"
+            + "\n".join(medians) + "\n")
+
+
+def revision_name(rev: str, this_tree: bool = False) -> str:
+    """rev's short hash and subject; for this tree, also whether it has changes not committed."""
+    line = subprocess.run(["git", "log", "-1", "--format=%h %s", rev], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    dirty = this_tree and subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return f"{line}{' with changes not committed' if dirty else ''}"

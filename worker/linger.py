@@ -2,11 +2,15 @@
 
 Waiting only pays when more jobs are on their way and merging them saves
 work: a batch of n costs about a·n + b (b the fixed cost of one run, as
-BentoML's dispatcher fits it), so a job that joins this batch instead of
-running in a later one saves b. The worker waits for the next job only when
-it is expected sooner than b, and never longer than the maximum linger
-(linger_ms). One client at a time sees no waiting at all; a busy queue fills
-batches by itself, since the worker first takes whatever is already queued.
+BentoML's dispatcher fits it). A busy worker that waits w for each batch
+serves n items every a·n + b + w seconds; with jobs arriving at rate r, a
+longer wait raises that rate only while r·(b + w) > n (the sign of its
+derivative). So the worker waits only while its batch holds fewer items than
+are expected within one run's fixed cost (r·b), and never longer than the
+maximum linger (linger_ms). One client at a time (r·b below one) sees no
+waiting at all; a batch that already shares its fixed cost that widely runs
+at once, where a wait would only idle the model; a busy queue fills batches
+by itself, since the worker first takes whatever is already queued.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class CostModel:
 
 
 class Linger:
-    """Wait for more jobs only while the next one is expected sooner than a batch's fixed cost."""
+    """Wait for more jobs only while a batch holds fewer than are expected within one run's fixed cost."""
 
     WINDOW_S = 2.0  # arrival rate over the last two seconds of enqueue times
 
@@ -83,6 +87,6 @@ class Linger:
             return 0.0
         rate = self.arrival_rate()
         _, fixed_cost = self.cost.fit()
-        if rate <= 0 or 1.0 / rate >= fixed_cost:
-            return 0.0  # the next job is not expected before merging it would pay
+        if held >= rate * fixed_cost:
+            return 0.0  # it holds what one run's fixed cost sees arrive: waiting would cost more than it merges
         return min(self.linger_s, (batch_size - held) / rate)

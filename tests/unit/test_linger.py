@@ -84,3 +84,12 @@ def test_no_wait_with_a_zero_maximum():
     linger = fitted(fixed_cost_s=1.0, max_linger_ms=0)
     linger.observe((0, 0), arrivals(1000))
     assert linger.budget_s(held=1, batch_size=32) == 0
+
+
+def test_a_batch_holding_what_one_fixed_cost_sees_arrive_runs_at_once():
+    """At one job a ms and a 10 ms fixed cost, about ten jobs arrive within one run's fixed cost:
+    a batch of fewer waits for them, one of ten or more would only idle the model."""
+    linger = fitted(fixed_cost_s=0.010)
+    linger.observe((0, 0), arrivals(1000))
+    assert linger.budget_s(held=3, batch_size=32) > 0
+    assert linger.budget_s(held=12, batch_size=32) == 0
