@@ -37,7 +37,6 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,7 +58,7 @@ def ceiling(impl: str, options, raw: Path, seconds: float) -> float:
     return float(json.loads(done.stdout.split("CEILING ", 1)[1])["batch32"])
 
 
-@contextmanager
+@contextlib.contextmanager
 def revision(rev: str, workdir: Path) -> Iterator[str]:
     """A worktree of Funnel at rev, laid out as the package `funnel` (its pyproject's package-dir, in
     links) under the PYTHONPATH entry yielded: found before the editable install's finder, which Python
@@ -198,3 +197,7 @@ def revision_name(rev: str, this_tree: bool = False) -> str:
                           text=True).stdout.strip()
     dirty = this_tree and subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
     return f"{line}{' with changes not committed' if dirty else ''}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

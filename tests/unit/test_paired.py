@@ -29,3 +29,9 @@ def test_each_run_leads_and_follows_every_other_equally():
     after = Counter((a, b) for r in rounds for a, b in zip(r, r[1:]))
     assert set(firsts.values()) == {2}
     assert set(after.values()) == {2} and len(after) == 6  # each of the six orderings of two runs, twice
+
+
+def test_it_runs_as_a_module():
+    shown = subprocess.run([sys.executable, "-m", "benchmarks.paired", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    assert "--against REVISION" in shown
