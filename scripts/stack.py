@@ -278,7 +278,7 @@ def options(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                              "16 image, 32 text)")
     parser.add_argument("--linger-ms", type=per_model(float), default=None, metavar="MS|MODEL=MS,...",
                         help="longest a worker waits for more jobs once it holds one, in ms; it waits only "
-                             "while the batch holds fewer jobs than are expected within a run's fixed cost. MS "
+                             "while the batch holds fewer items than are expected within a run's fixed cost. MS "
                              "for every model's workers, or MODEL=MS,... for some (default: FUNNEL_LINGER_MS "
                              "when set, else 5)")
     parser.add_argument("--workers-per-model", type=int, metavar="N",

@@ -56,7 +56,7 @@ class WorkerSettings(SharedSettings):
                                      "(default: every CUDA device the backend sees)")
     batch_size: int = setting(0, "most jobs in one batch (0: the model's default)")
     linger_ms: float = setting(5.0, "longest wait for more jobs once one is in hand; the worker waits only "
-                               "while the batch holds fewer jobs than are expected within a run's fixed cost")
+                               "while the batch holds fewer items than are expected within a run's fixed cost")
     intra_op_threads: str = setting("0", "intra-op threads for the backend: N, or 1/K for a K-th of the cores "
                                     "this worker may run on (K workers sharing them; at least one); 0: the "
                                     "library's default")

@@ -87,7 +87,7 @@ def test_no_wait_with_a_zero_maximum():
 
 
 def test_a_batch_holding_what_one_fixed_cost_sees_arrive_runs_at_once():
-    """At one job a ms and a 10 ms fixed cost, about ten jobs arrive within one run's fixed cost:
+    """At one item a ms and a 10 ms fixed cost, about ten items arrive within one run's fixed cost:
     a batch of fewer waits for them, one of ten or more would only idle the model."""
     linger = fitted(fixed_cost_s=0.010)
     linger.observe((0, 0), arrivals(1000))
