@@ -22,12 +22,11 @@ import subprocess
 import sys
 import time
 
-from benchmarks import save
+from benchmarks import ROOT, save
 from benchmarks.core import machine
+from benchmarks.payloads import SENTENCE
+from benchmarks.systems import walkthrough_path
 from funnel.worker.allocator import tcmalloc_path
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank today."
 
 
 def point(model: str, batch: int, seconds: float) -> dict[str, float]:
@@ -68,9 +67,7 @@ def point(model: str, batch: int, seconds: float) -> dict[str, float]:
 
 def measure(model: str, batch: int, seconds: float, preload: str) -> dict[str, float]:
     """point() in a fresh process, with `preload` as its LD_PRELOAD ("" for glibc's malloc)."""
-    walkthroughs = os.path.join(ROOT, "tests", "third_party")
-    env = {**os.environ, "LD_PRELOAD": preload, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [walkthroughs, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "LD_PRELOAD": preload, "OMP_NUM_THREADS": "1", **walkthrough_path()}
     done = subprocess.run([sys.executable, "-m", "benchmarks.allocator", "--point", model, str(batch), str(seconds)],
                           env=env, capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

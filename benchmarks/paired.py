@@ -15,7 +15,7 @@ every pair's and their median. `--funnel-env` starts the stack with a setting
 to compare (one run with it, one without).
 
 `--against REVISION` compares code: a second stack runs that git revision of
-Funnel (a worktree of it first on PYTHONPATH, the same settings), and each
+Funnel (exported as benchmarks.web_cpu's COMMIT is, the same settings), and each
 round is the ceiling and both stacks back to back, in an order that rotates
 from round to round; the report adds each round's ratio of this tree's stack
 to the revision's.
@@ -35,8 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,6 +44,7 @@ from benchmarks.load import write_lua
 from benchmarks.measure import measure_point
 from benchmarks.payloads import TEXT, payload
 from benchmarks.systems import STARTERS, peer, peer_env, wait_ready
+from benchmarks.web_cpu import code
 
 IMPL = {"funnel-python": "eager", "funnel": "onnx"}  # the ceiling of the same model implementation
 
@@ -56,27 +55,6 @@ def ceiling(impl: str, options, raw: Path, seconds: float) -> float:
     done = subprocess.run(peer("ceiling", f"{seconds:g}", str(raw)), cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, check=True)
     return float(json.loads(done.stdout.split("CEILING ", 1)[1])["batch32"])
-
-
-@contextlib.contextmanager
-def revision(rev: str, workdir: Path) -> Iterator[str]:
-    """A worktree of Funnel at rev, laid out as the package `funnel` (its pyproject's package-dir, in
-    links) under the PYTHONPATH entry yielded: found before the editable install's finder, which Python
-    consults after the path."""
-    tree, path = workdir / "revision", workdir / "revision-path"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True, capture_output=True)
-    try:
-        folders = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-        package = path / "funnel"
-        package.mkdir(parents=True)
-        for entry in (tree / folders["funnel"]).iterdir():
-            (package / entry.name).symlink_to(entry)
-        for name, folder in folders.items():
-            if name.count(".") == 1:  # funnel.web and its siblings; deeper packages are inside them
-                (package / name.split(".")[1]).symlink_to(tree / folder)
-        yield str(path)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
 def start_at(path: str | None, start):
@@ -135,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, float]] = []  # ceiling items/s, each stack's req/s
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
-        paths = [None] + ([cleanup.enter_context(revision(args.against, workdir))] if args.against else [])
+        paths = [None] + ([code(workdir / "revision", args.against)] if args.against else [])
         stacks = []
         for k, path in enumerate(paths):
             folder = workdir / f"stack{k}"

@@ -58,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,7 +87,6 @@ ROUTES = {
 }
 # The variant's own options, not settings.
 BENCH_ONLY = ("ROUTE", "WORKERS", "ITEMS", "COMMIT", "SNAPSHOT", "HOOKS", "OTLP")
-PACKAGES = ("common", "web", "worker", "scripts")  # the folders pyproject.toml installs as funnel.<folder>
 LOAD_RETRIES = 3  # --max-other's tries of a run beyond the first
 
 
@@ -113,20 +113,25 @@ def bare(env: dict[str, str]):
 
 def code(into: Path, commit: str | None, hooks: bool = True) -> str:
     """A commit of this repository (`git archive`), or this working tree's packages as they are now
-    (commit None), copied into `into`, and a PYTHONPATH entry that imports it as `funnel.*`: a
-    folder of links named as pyproject.toml's package-dir maps them (the editable install maps
-    funnel.<folder> to this checkout's folders, and a path entry is searched first). Without
-    hooks, its web/pipeline.py's tracing calls are taken out (strip_spans)."""
+    (commit None), copied into `into`, and a PYTHONPATH entry that imports it as `funnel`: a folder
+    of links laid out as its pyproject.toml's package-dir maps the folders (the editable install
+    maps them to this checkout's, and a path entry is searched first). Without hooks, its
+    web/pipeline.py's tracing calls are taken out (strip_spans)."""
     source, links = into / "src", into / "pp" / "funnel"
     source.mkdir(parents=True)
     links.mkdir(parents=True)
     if commit is not None:
         archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
-    for package in PACKAGES:
+    pyproject = (source if commit is not None else ROOT) / "pyproject.toml"
+    for name, folder in tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"].items():
         if commit is None:
-            shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
-        (links / package).symlink_to(source / package)
+            shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        if name == "funnel":  # the package's own modules (sdk/): each linked into funnel/
+            for entry in (source / folder).iterdir():
+                (links / entry.name).symlink_to(entry)
+        elif name.count(".") == 1:  # funnel.web and its siblings; deeper packages are inside them
+            (links / name.split(".")[1]).symlink_to(source / folder)
     if not hooks:
         pipeline = source / "web" / "pipeline.py"
         pipeline.write_text(strip_spans(pipeline.read_text()))

@@ -62,6 +62,6 @@ def test_primary_killed_under_load_with_the_result_cache(model_store, tmp_path, 
     failover.check_answers(round_, expected_embeddings)
     print(f"\nSentinel failover, cache on: {failover.summary(round_)}")
     followed(round_)
-    # Hits queue no job: fewer items than answers; none answered twice.
+    # Hits queue no job: fewer jobs than answers; none answered twice.
     assert len(round_.queued) < sum(r.status == 200 for r in round_.requests), "the cache answered nothing"
     assert not round_.answered_twice, round_.answered_twice

@@ -6,20 +6,19 @@ import sys
 from collections import Counter
 
 from benchmarks import ROOT
-from benchmarks.paired import orders, revision
+from benchmarks.paired import orders
+from benchmarks.web_cpu import code
 
 
-def test_a_revision_is_imported_as_funnel_from_its_own_worktree(tmp_path):
-    with revision("HEAD", tmp_path) as path:
-        found = subprocess.run([sys.executable, "-c", "import funnel, funnel.worker.linger as l; "
-                                "print(funnel.__file__); print(l.__file__)"],
-                               env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, check=True)
-        package, module = found.stdout.split()
-        assert package.startswith(path) and module.startswith(path)
-        assert os.path.realpath(module).startswith(str(tmp_path / "revision"))
-    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout
-    assert str(tmp_path) not in listed  # the worktree goes with the run
+def test_a_revision_is_imported_as_funnel_from_its_own_copy(tmp_path):
+    """The stack --against starts imports that commit's Funnel, the public names (sdk/) included."""
+    path = code(tmp_path, "HEAD")
+    found = subprocess.run([sys.executable, "-c", "import funnel, funnel.worker.linger as l; from funnel import Task; "
+                            "print(funnel.__file__); print(l.__file__)"],
+                           env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, check=True)
+    package, module = found.stdout.split()
+    assert package.startswith(path) and module.startswith(path)
+    assert os.path.realpath(module).startswith(str(tmp_path / "src"))
 
 
 def test_each_run_leads_and_follows_every_other_equally():
