@@ -7,8 +7,8 @@ reads (the store, the models, the limits, the API keys, the deadlines) and
 listens on FUNNEL_HOST:FUNNEL_GRPC_PORT. A message larger than
 FUNNEL_MAX_BODY_MB is refused by gRPC itself (RESOURCE_EXHAUSTED) before it
 is read. SIGTERM or SIGINT refuses new calls (UNAVAILABLE) and answers those in
-flight, up to FUNNEL_REQUEST_TIMEOUT_S + 5 s, then exits 0; a call that
-reaches it in the instant it stops may be CANCELLED by gRPC, never queued.
+flight, up to FUNNEL_REQUEST_TIMEOUT_S + 5 s, then closes its connections and
+exits 0: a call sent meanwhile ends UNAVAILABLE, never CANCELLED (stop() below).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import socket
 
 import grpc
 import uvloop
@@ -70,8 +72,35 @@ async def serve(config: GrpcSettings) -> None:
     await stopping.wait()
     log.info("funnel-grpc stopping: answering the calls in flight")
     await service.drain(config.request_timeout_s + 5)
-    # No grace: what is left are refusals, and calls gRPC holds for a handler that will not take them.
+    close_connections(port)
     await server.stop(grace=None)
+
+
+def close_connections(port: int) -> None:
+    """Stop listening on `port` and end each connection to it after what was sent on it (FIN).
+
+    gRPC's own stop cancels (CANCELLED, a status no client may retry) every call that reaches it
+    after the stop began and before the client has read its GOAWAY, and clients keep calling a
+    draining process, whose refusals they retry. Once the accepted calls are answered, this ends
+    the connections under gRPC instead: a call sent on one is told UNAVAILABLE by the client's own
+    transport, and whatever gRPC's stop cancels next can no longer be written to anyone. gRPC
+    exposes no socket, so they are found among the process's descriptors.
+    """
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # a descriptor closed since the listing
+            continue
+        with sock:
+            try:
+                if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.getsockname()[1] != port:
+                    continue
+                listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                sock.shutdown(socket.SHUT_RDWR if listening else socket.SHUT_WR)
+            except OSError:  # not connected, or already closed by its peer
+                continue
 
 
 def main(argv: list[str] | None = None) -> int:

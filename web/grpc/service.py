@@ -23,9 +23,8 @@ deadline, never past FUNNEL_REQUEST_TIMEOUT_S.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -55,6 +54,8 @@ STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTI
           503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 Answer = TypeVar("Answer")
+STOPPING = Unavailable("this server is stopping; call again")
+WAKE = pb.ModelStreamInferResponse()  # put on each open stream's answers when the server starts stopping
 
 
 class InferParser:
@@ -87,6 +88,12 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, st
     return grpc.StatusCode.INTERNAL, "internal error (the server's log has the details)", ()
 
 
+def stream_failure(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
+    """A stream request's failure, as the stream answers it: the message, under the request's id."""
+    which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+    return pb.ModelStreamInferResponse(error_message=status_of(exc)[1], infer_response=which)
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
@@ -95,13 +102,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.draining = False
+        self.streams: set[asyncio.Queue] = set()  # each open stream's answers, woken when stopping
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new calls with UNAVAILABLE (the status clients retry, on the process that replaces
-        this one) and wait, up to timeout_s, until the calls in flight are answered: once drained,
-        whatever gRPC's own stop cancels was never queued."""
+        this one) and wait, up to timeout_s, until every call accepted has its answer sent."""
         self.draining = True
-        if self.in_flight:
+        for stream in self.streams:  # wakes each stream to end once its requests are answered
+            stream.put_nowait((WAKE, 0))
+        if self.in_flight:  # no call is accepted from now on: the count only falls
             self.idle.clear()
             try:
                 await asyncio.wait_for(self.idle.wait(), timeout_s)
@@ -113,26 +122,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """answer(origin)'s result, once the call's key is checked; or the call ended with the status
         its failure maps to."""
         try:
-            with self._call():
-                return await answer(self._origin(context))
+            self._accept()
+            context.add_done_callback(lambda _: self._sent())
+            return await answer(self._origin(context))
         except Exception as exc:  # every failure is a status, never a traceback to the client
             code, message, trailing = status_of(exc)
         await context.abort(code, message, trailing_metadata=trailing)
         raise AssertionError("abort() raises")  # for the type checker: abort never returns
 
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """One call (or one request of a stream) in flight, which drain() waits for; UNAVAILABLE while
-        the server is stopping."""
+    def _accept(self) -> None:
+        """Count one call (a stream is one) in flight until _sent(): what drain() waits for.
+        UNAVAILABLE while the server is stopping, and then not counted: a refusal may be cut off,
+        as the client is told UNAVAILABLE either way."""
+        if self.draining:
+            raise STOPPING
         self.in_flight += 1
-        try:
-            if self.draining:
-                raise Unavailable("this server is stopping; call again")
-            yield
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight:
-                self.idle.set()
+
+    def _sent(self) -> None:
+        """An accepted call has ended, its status sent (gRPC's done callback)."""
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.idle.set()
 
     def _origin(self, context: grpc.aio.ServicerContext) -> Origin:
         """The call's key (UNAUTHENTICATED without one, where FUNNEL_API_KEYS is set), request id and
@@ -191,30 +201,36 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Each request of the stream answered under its id as soon as its own items are done, in whatever
         order they finish; a failure is that request's error_message, and the stream goes on. The stream
         ending, or cancelled, cancels its requests still waiting: their jobs are marked, as a client's that
-        left (web/pipeline.py)."""
+        left (web/pipeline.py). The whole stream is one call in flight: once the server is stopping, it
+        refuses further requests, answers those it took, then ends UNAVAILABLE."""
         try:
+            self._accept()
+            context.add_done_callback(lambda _: self._sent())
             origin = self._origin(context)
         except FunnelError as exc:
             code, message, trailing = status_of(exc)
             await context.abort(code, message, trailing_metadata=trailing)
-        answered: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # Each answer with whether its request was taken (1) or refused (0); None: the stream is over.
+        answered: asyncio.Queue[tuple[pb.ModelStreamInferResponse, int] | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
+        taken = 0  # requests taken and not yet answered on the stream
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
-                with self._call():
-                    response = await self.pipeline.infer(
-                        self.parser, request, request.model_name, request.model_version or None,
-                        lambda: self.settings.request_timeout_s, origin, self._render(request))
-                    await answered.put(pb.ModelStreamInferResponse(infer_response=response))
+                answer = pb.ModelStreamInferResponse(infer_response=await self.pipeline.infer(
+                    self.parser, request, request.model_name, request.model_version or None,
+                    lambda: self.settings.request_timeout_s, origin, self._render(request)))
             except Exception as exc:  # this request's failure, on the stream that goes on
-                _, message, _ = status_of(exc)
-                which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
-                                              id=request.id)
-                await answered.put(pb.ModelStreamInferResponse(error_message=message, infer_response=which))
+                answer = stream_failure(request, exc)
+            await answered.put((answer, 1))
 
         async def read() -> None:
+            nonlocal taken
             async for request in requests:
+                if self.draining:  # stopping: this request refused, those taken still answered
+                    await answered.put((stream_failure(request, STOPPING), 0))
+                    continue
+                taken += 1
                 task = asyncio.create_task(one(request))
                 running.add(task)
                 task.add_done_callback(running.discard)
@@ -223,13 +239,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await answered.put(None)
 
         reader = asyncio.create_task(read())
+        self.streams.add(answered)
         try:
-            while (response := await answered.get()) is not None:
-                yield response
+            while not (self.draining and not taken):
+                if (next_answer := await answered.get()) is None:
+                    return
+                response, counted = next_answer
+                if response is not WAKE:
+                    taken -= counted
+                    yield response
         finally:  # the stream is over or cancelled: whatever still waits is nobody's
+            self.streams.discard(answered)
             reader.cancel()
             for task in list(running):
                 task.cancel()
+        code, message, trailing = status_of(STOPPING)
+        await context.abort(code, message, trailing_metadata=trailing)
 
     @staticmethod
     def _render(request: pb.ModelInferRequest) -> Callable[[Task, Work[v2.Wanted], Answered], pb.ModelInferResponse]:
