@@ -7,8 +7,8 @@ Redis behind three Sentinels (scripts/redis_local.py's LocalSentinels: a
 primary and a replica), or with --cluster a Redis Cluster of three primaries
 each with a replica (LocalCluster(replicas=1)); two web tiers (two `funnel.web`
 servers of one process each, on their own ports, the same Redis) behind nginx
-(scripts/front_door.py's FrontDoor with both as upstreams, SO_REUSEPORT so
-that it restarts without refusing connections); `--workers-per-model` workers
+(scripts/front_door.py's FrontDoor with both as upstreams, its listening socket
+handed from one nginx to the next); `--workers-per-model` workers
 for text-embedding and for image-classifier. For `--duration` seconds
 (default 20 minutes) clients send /v1 texts and images, /v2 text infers, bulk
 jobs (submitted, polled to the end, their results read back) and requests whose
@@ -29,7 +29,8 @@ moments (seeded by --seed, planned up front) one of these happens, one at a time
   acknowledging, every Sentinel counting it and none in TILT): the faults due
   meanwhile go first, and past WHOLE_BOUND_S it is injected anyway, to fail
   naming what was missing;
-- nginx-restart: a new nginx started beside the old one, which quits gracefully.
+- nginx-restart: a new nginx started on the same socket beside the old one,
+  which quits gracefully.
 
 The web and worker processes keep the job ledger (benchmarks/ledger.py). Once
 the traffic stops and the stack has drained, the soak checks: every job Redis
@@ -261,11 +262,6 @@ class Result:
     def refused(self) -> list[Request]:
         return [r for r in self.requests if r.outcome == "refused"]
 
-    def refused_unexplained(self) -> list[Request]:
-        """Refused connections not within half a second of an nginx restart (when the old nginx
-        closes its SO_REUSEPORT listener, the connections still in its queue are refused)."""
-        return [r for r in self.refused if not self.near(r.started, ("nginx-restart",), 0.5, 0.5)]
-
     @property
     def answered(self) -> list[Request]:
         return [r for r in self.requests if r.status]
@@ -371,9 +367,7 @@ class Result:
             ("every request sent answered (but those hung up)", not self.unanswered,
              f"{len(self.unanswered)} without a status: "
              f"{dict(collections.Counter(r.outcome for r in self.unanswered))}"),
-            ("no connection refused but at an nginx restart", not self.refused_unexplained(),
-             f"{len(self.refused)} refused (nothing sent), {len(self.refused_unexplained())} of them away from "
-             f"an nginx restart"),
+            ("no connection refused", not self.refused, f"{len(self.refused)} refused (nothing sent)"),
         ]
         jobs = self.acknowledged_jobs
         out.append(("bulk jobs complete, every result once", not self.incomplete_jobs and not self.bulk_twice
@@ -444,8 +438,8 @@ class Soak:
         self.webs = [WebTier(self.stack, name, self.log_dir, {}).start() for name in ("web-a", "web-b")]
         for web in self.webs:
             web.wait_ready()
-        self.front = FrontDoor(free_port(), [w.port for w in self.webs], max_body_mb=20.0, timeout_s=DEADLINE_S,
-                               reuseport=True).start()
+        self.front = FrontDoor(free_port(), [w.port for w in self.webs], max_body_mb=20.0,
+                               timeout_s=DEADLINE_S).start()
         self.wait_workers(120)
 
     def wait_workers(self, timeout_s: float) -> None:
@@ -851,7 +845,7 @@ def report(result: Result, command: str, elapsed_s: float) -> str:
         what = {"worker-kill": "SIGKILL, a new worker started", "worker-pause":
                 f"SIGSTOP past the {HEARTBEAT_TTL_S:g} s heartbeat TTL (seconds paused), SIGCONT",
                 "web-kill": "gunicorn master + process SIGKILLed, started again (seconds to healthy)",
-                "nginx-restart": "new nginx beside the old, which quits gracefully (seconds)",
+                "nginx-restart": "new nginx on the same socket, the old one quitting gracefully (seconds)",
                 "redis-kill": "primary SIGKILLed (seconds to the promotion), rejoined as replica; from the kill "
                               "until a replica was in sync and acknowledging: "
                               + _spread(sorted(e.back_s for e in events if e.back_s)) + " s"}[kind]

@@ -26,6 +26,7 @@ from funnel.scripts import processes
 
 TEMPLATE = Path(funnel.web.__file__).parent / "nginx" / "funnel.conf.template"
 WORKER_CONNECTIONS = 4096  # per nginx worker: idle clients past this wait in the listen backlog
+LISTEN_BACKLOG = 4096  # the template's `listen ... backlog=`
 
 MAIN_CONF = """\
 # Written by `funnel up` (scripts/front_door.py); the server block is funnel.conf.
@@ -69,28 +70,31 @@ class FrontDoor:
     """An nginx process listening on `port`, proxying to the web tier on `upstream_port`, or to
     several web tiers (a list of ports: each a `server` of the upstream block).
 
-    With `reuseport`, the listening socket is SO_REUSEPORT, so restart() starts the new nginx
-    beside the old one before the old one quits gracefully: no connection is refused meanwhile.
+    The listening socket is this object's, handed to each nginx it starts (nginx's own way of
+    inheriting sockets, its NGINX environment variable): restart() starts a new nginx on it before
+    the old one quits gracefully, so a connection waiting in its queue is accepted by one or the
+    other, never refused or reset, as it would be with a socket of each nginx's own.
     """
 
     def __init__(self, port: int, upstream_port: int | list[int], *, max_body_mb: float = 20.0,
-                 timeout_s: float = 30.0, host: str = "127.0.0.1", reuseport: bool = False):
+                 timeout_s: float = 30.0, host: str = "127.0.0.1"):
         binary = nginx_binary()
         if binary is None:
             raise FileNotFoundError("nginx is not installed (Debian: apt-get install nginx)")
-        self.binary, self.port, self.host, self.reuseport = binary, port, host, reuseport
+        self.binary, self.port, self.host = binary, port, host
         self.upstream_ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port)
         self.max_body_mb, self.timeout_s = max_body_mb, timeout_s
         self.dir = self._configure()
         self.process: subprocess.Popen | None = None
+        self.listener: socket.socket | None = None
 
     def _configure(self) -> Path:
         """A fresh prefix folder with nginx.conf and funnel.conf (each nginx process its own: its
         pid file, logs and temporary files)."""
         folder = Path(tempfile.mkdtemp(prefix="funnel-nginx-"))
-        listen = f"{self.host}:{self.port}" + (" reuseport" if self.reuseport else "")
         (folder / "funnel.conf").write_text(
-            render(listen, [f"127.0.0.1:{p}" for p in self.upstream_ports], self.max_body_mb, self.timeout_s))
+            render(f"{self.host}:{self.port}", [f"127.0.0.1:{p}" for p in self.upstream_ports], self.max_body_mb,
+                   self.timeout_s))
         root = os.geteuid() == 0
         if root:  # nginx's workers drop to nobody, and must still write their temporary files
             folder.chmod(0o777)
@@ -100,41 +104,46 @@ class FrontDoor:
             connections=WORKER_CONNECTIONS))
         return folder
 
+    def _listen(self) -> socket.socket:
+        """The socket every nginx of this front door accepts on, with the template's backlog."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as nginx sets its own
+        try:
+            listener.bind((self.host, self.port))
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError(f"the front door cannot listen on {self.host}:{self.port}: {exc}") from exc
+        listener.listen(LISTEN_BACKLOG)
+        listener.set_inheritable(True)
+        return listener
+
     def start(self, timeout_s: float = 10.0) -> FrontDoor:
         check = subprocess.run([self.binary, "-t", "-q", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
                                capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"nginx refused its configuration: {check.stderr.strip()}")
+        if self.listener is None:
+            self.listener = self._listen()
+        fd = self.listener.fileno()
         self.process = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                                        env={**os.environ, "NGINX": f"{fd};"}, pass_fds=(fd,),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
-        while not (self.dir / "nginx.pid").exists():
+        while not (self.dir / "nginx.pid").exists():  # written once its configuration took the socket
             if self.process.poll() is not None:
                 raise RuntimeError(f"nginx exited with {self.process.returncode}: {self.error_log()}")
             if time.monotonic() > deadline:
                 raise TimeoutError("nginx did not start")
             time.sleep(0.02)
-        while not self._listening():  # its pid file may come before its workers accept
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nginx does not accept on port {self.port}: {self.error_log()}")
-            time.sleep(0.02)
         return self
 
-    def _listening(self) -> bool:
-        try:
-            socket.create_connection((self.host, self.port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-
     def restart(self, timeout_s: float = 60.0) -> None:
-        """A new nginx process in place of this one, the old one quitting gracefully (SIGQUIT: it
-        closes its listening socket, finishes the requests it holds, then exits, within timeout_s).
-        With reuseport the new one listens first; without, only once the old one has gone."""
+        """A new nginx process in place of this one, on the same socket; the old one then quits
+        gracefully (SIGQUIT: it stops accepting, finishes the requests it holds, then exits, within
+        timeout_s)."""
         old, old_dir = self.process, self.dir
         self.dir = self._configure()
-        if self.reuseport:
-            self.start()
+        self.start()
         if old is not None and old.poll() is None:
             old.send_signal(signal.SIGQUIT)
             try:
@@ -143,8 +152,6 @@ class FrontDoor:
                 old.kill()
                 old.wait()
         shutil.rmtree(old_dir, ignore_errors=True)
-        if not self.reuseport:
-            self.start()
 
     def pids(self) -> list[int]:
         """The master's pid and its workers' (from /proc): what a memory or CPU count looks at."""
@@ -165,4 +172,7 @@ class FrontDoor:
 
     def stop(self) -> None:
         processes.stop(self.process)  # SIGTERM: nginx's fast shutdown
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         shutil.rmtree(self.dir, ignore_errors=True)

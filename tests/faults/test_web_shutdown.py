@@ -1,5 +1,6 @@
 """SIGTERM to the web tier: the requests it holds are still answered, then it exits; a dead web tier
-behind nginx is a 503 with Retry-After (README, failure contract).
+behind nginx is a 503 with Retry-After; nginx restarted under load refuses and resets no connection
+(README, failure contract).
 
 With FUNNEL_HOLD_WITHOUT_WORKERS and no worker yet, eight requests wait in the
 web tier with their jobs queued; the web tier gets SIGTERM, and only then a
@@ -8,8 +9,11 @@ worker starts and answers them.
 
 from __future__ import annotations
 
+import collections
+import json
 import signal
 import threading
+from http.client import HTTPConnection, HTTPException
 
 import pytest
 import redis
@@ -57,3 +61,43 @@ def test_a_dead_web_tier_behind_nginx_is_503_with_retry_after():
         door.stop()
     assert status == 503, (status, body)
     assert body["error"]["code"] == "unavailable" and int(headers["Retry-After"]) >= 1
+
+
+RESTARTS = 10
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed")
+def test_nginx_restarted_under_load_answers_every_request(model_store, tmp_path):
+    """Clients on a connection each (as the chaos soak's) while nginx is replaced again and again:
+    the new nginx takes the old one's socket, so every request gets its answer, none a reset."""
+    with Stack(model_store=model_store, models=[TEXT], front_door=True, log_dir=tmp_path) as stack:
+        outcomes: collections.Counter = collections.Counter()
+        done = threading.Event()
+
+        def client(n: int) -> None:
+            while not done.is_set():
+                conn = HTTPConnection("127.0.0.1", stack.port, timeout=30)
+                try:
+                    conn.request("POST", f"/v1/models/{TEXT}/predict", body=json.dumps({"text": f"client {n}"}),
+                                 headers={"Content-Type": "application/json", "Connection": "close"})
+                    response = conn.getresponse()
+                    outcome = str(response.status) if len(json.loads(response.read()).get("embedding", ())) \
+                        == 384 else f"{response.status} without an embedding"
+                except (ConnectionError, HTTPException, OSError) as exc:
+                    outcome = type(exc).__name__
+                finally:
+                    conn.close()
+                outcomes[outcome] += 1
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        try:
+            for restart in range(1, RESTARTS + 1):
+                wait_for(lambda n=restart: outcomes.total() >= 20 * n, what="twenty answers between restarts")
+                stack.front_door.restart()
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join(60)
+    assert set(outcomes) == {"200"}, outcomes
