@@ -53,7 +53,7 @@ class WebServer(BaseApplication):
         self.cfg.set("worker_class", "funnel.web.transport.protocol.Worker")
         self.cfg.set("timeout", int(s.request_timeout_s) + 30)
         self.cfg.set("graceful_timeout", int(s.request_timeout_s) + 5)
-        self.cfg.set("keepalive", 5)
+        self.cfg.set("keepalive", 5)  # past nginx's upstream keepalive_timeout (web/nginx/funnel.conf.template)
         self.cfg.set("loglevel", s.log_level)
         self.cfg.set("proc_name", "funnel-web")
         self.cfg.set("child_exit", child_exit)

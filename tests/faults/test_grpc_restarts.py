@@ -128,7 +128,7 @@ def test_grpc_process_killed_and_restarted_under_load(model_store, tmp_path, exp
             load.answered(60)
             stack.grpc.send_signal(signal.SIGKILL)
             stack.grpc.wait()
-            time.sleep(0.5)  # down a moment: callers meanwhile are refused, and retry
+            wait_for(lambda: load.retried, what="a caller refused while the process is down")
             stack.start_grpc()
             stack.wait_grpc()
         # The killed process's calls were run and answered into its inbox, which nobody reads now;

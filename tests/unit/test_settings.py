@@ -84,3 +84,15 @@ def test_web_processes_default_to_one_per_two_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
     assert WebSettings.load([]).process_count() == 2
     assert WebSettings.load(["--processes", "3"]).process_count() == 3
+
+
+def test_nginx_closes_an_idle_upstream_connection_before_the_web_tier_does():
+    """Else the web tier may close a kept-alive connection just as nginx sends it a request: a 502."""
+    import re
+
+    from funnel.scripts.front_door import TEMPLATE
+    from funnel.web.server import WebServer
+
+    upstream = re.search(r"upstream funnel_web \{(.*?)\n\}", TEMPLATE.read_text(), re.S).group(1)
+    nginx_s = int(re.search(r"keepalive_timeout (\d+)s;", upstream).group(1))
+    assert nginx_s < WebServer(WebSettings.load([])).cfg.keepalive
