@@ -54,7 +54,6 @@ STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTI
           503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 Answer = TypeVar("Answer")
-STOPPING = Unavailable("this server is stopping; call again")
 WAKE = pb.ModelStreamInferResponse()  # put on each open stream's answers when the server starts stopping
 
 
@@ -86,6 +85,12 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, st
         return STATUS.get(exc.status, grpc.StatusCode.INTERNAL), exc.message, retry
     log.exception("gRPC call failed", exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal error (the server's log has the details)", ()
+
+
+def stopping() -> Unavailable:
+    """The refusal of a server that is stopping (a new one each time: a raised exception keeps its
+    traceback)."""
+    return Unavailable("this server is stopping; call again")
 
 
 def stream_failure(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
@@ -135,7 +140,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         UNAVAILABLE while the server is stopping, and then not counted: a refusal may be cut off,
         as the client is told UNAVAILABLE either way."""
         if self.draining:
-            raise STOPPING
+            raise stopping()
         self.in_flight += 1
 
     def _sent(self) -> None:
@@ -228,7 +233,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             nonlocal taken
             async for request in requests:
                 if self.draining:  # stopping: this request refused, those taken still answered
-                    await answered.put((stream_failure(request, STOPPING), 0))
+                    await answered.put((stream_failure(request, stopping()), 0))
                     continue
                 taken += 1
                 task = asyncio.create_task(one(request))
@@ -253,7 +258,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in list(running):
                 task.cancel()
-        code, message, trailing = status_of(STOPPING)
+        code, message, trailing = status_of(stopping())
         await context.abort(code, message, trailing_metadata=trailing)
 
     @staticmethod
