@@ -16,7 +16,7 @@ from typing import Any
 
 from funnel.common import tasks
 from funnel.common.contracts.keys import check_name, check_version
-from funnel.common.store import load_spec, write_model
+from funnel.common.store import list_versions, load_spec, write_model
 from funnel.common.tasks import Task
 
 
@@ -50,15 +50,35 @@ def check(meta: dict[str, Any], folder: Path) -> dict[str, Any]:
     return meta
 
 
+def missing_steps(store: str | Path, steps: list[str]) -> list[str]:
+    """The steps ("name" or "name:version") the store does not hold."""
+    def held(step: str) -> bool:
+        name, _, pinned = step.partition(":")
+        try:
+            versions = list_versions(store, name)
+        except ValueError:  # not a model's name at all
+            return False
+        return bool(versions) and (not pinned or (pinned.isdigit() and int(pinned) in versions))
+    return [step for step in steps if not held(step)]
+
+
 def add(store: str | Path, name: str, build: Callable[[Path], dict[str, Any]],
-        version: int | None = None) -> tuple[Path, int, Task]:
+        version: int | None = None, steps_to_come: bool = False) -> tuple[Path, int, Task]:
     """Write a version: build(folder) puts its files and returns its model.json, which check() reads.
     version None: version 1 as write_model writes it. Returns its folder, its version and its task;
-    ValueError, and nothing written, for a name, version, model.json or task that cannot serve."""
+    ValueError, and nothing written, for a name, version, model.json or task that cannot serve, or a
+    chain whose steps are not in the store (unless steps_to_come: they will be added after it)."""
     check_name(name)
     if version is not None:
         check_version(version)
-    folder = write_model(store, name, lambda tmp: check(build(tmp), tmp), version)
+
+    def checked(tmp: Path) -> dict[str, Any]:
+        meta = check(build(tmp), tmp)
+        if not steps_to_come and (missing := missing_steps(store, meta.get("steps") or [])):
+            raise ValueError(f"the chain's steps {', '.join(missing)} are not in {store}: add them first, "
+                             f"or say they are to come (funnel add --steps-to-come)")
+        return meta
+    folder = write_model(store, name, checked, version)
     number = version or 1
     try:
         task = tasks.load(load_spec(store, name, number))  # model.json as the tiers will read it

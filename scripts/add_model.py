@@ -12,7 +12,8 @@ web tier and the workers run (or the name of a registered task). A task with
 (weights, a fitted estimator) go in with --file. Otherwise the exported graph
 takes the arrays the task's `collate` gives (named as the graph's inputs) and
 returns outputs with one row per item. A chain (a funnel.Chain) runs no model of its
-own: --steps names the served models it sends its items to, in order.
+own: --steps names the served models it sends its items to, in order, each
+already in the store (--steps-to-come: added after the chain).
 `--file KEY=PATH` copies a file or a folder the task reads into the model's folder
 and records it under KEY (the task opens it at `self.spec.file(KEY)`); `--set KEY=VALUE`
 adds a JSON value to model.json for the task to read from `self.spec.config`.
@@ -98,7 +99,10 @@ def parser() -> argparse.ArgumentParser:
                    help="TorchScript: output names, comma-separated; Python: the name of the one output "
                         "predict's rows carry when they are not dicts (default: output)")
     p.add_argument("--steps", type=lambda s: s.split(","), default=[],
-                   help="a chain's steps: served models (name or name:version) in order, comma-separated")
+                   help="a chain's steps: served models (name or name:version) in order, comma-separated; "
+                        "each must be in the store")
+    p.add_argument("--steps-to-come", action="store_true",
+                   help="add the chain before its steps, which are added after it (until then it answers 503)")
     p.add_argument("--file", action="append", default=[], metavar="KEY=PATH",
                    help="a file or folder the task reads (labels, weights, a fitted model), copied in")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -123,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         if path is not None and not path.is_file():
             raise SystemExit(f"funnel add: no such file: {path}")
     try:
-        folder, version, task = adding.add(args.store, args.name, lambda tmp: build(args, tmp), args.version)
+        folder, version, task = adding.add(args.store, args.name, lambda tmp: build(args, tmp), args.version,
+                                             steps_to_come=args.steps_to_come)
     except ValueError as exc:
         raise SystemExit(f"funnel add: {exc}") from None
     print(f"{args.name}: version {version} added to {folder} ({type(task).__name__}, "

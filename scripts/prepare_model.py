@@ -12,9 +12,9 @@ only); --half adds <model>-fp16, both exports in float16, for CUDA workers.
 
 `--models text-recognizer` adds a third model, not prepared by default: PP-OCRv4's
 text-line recogniser as rapidocr-onnxruntime ships it (ONNX only), an image of
-any width in, a text of any length out. `--models text-detector,text-direction,
-text-recognizer,ocr` adds the package's other two models and `ocr`, the chain of
-all three that reads a page as RapidOCR() does.
+any width in, a text of any length out. `--models ocr` adds `ocr`, the chain that
+reads a page as RapidOCR() does, and its steps: the recogniser and the package's
+other two models, the text detector and the direction classifier.
 
 Your own models are added to the store with `funnel add` (scripts/add_model.py).
 """
@@ -286,7 +286,7 @@ def prepare_text_direction(folder: Path) -> dict:
 
 def prepare_ocr(folder: Path) -> dict:
     """OCR as RapidOCR() runs it: a chain of the three models above (common/tasks/ocr.py), no graph of its own."""
-    return {"task": "ocr", "steps": ["text-detector", "text-direction", "text-recognizer"], "batch_size": 8,
+    return {"task": "ocr", "steps": list(STEPS["ocr"]), "batch_size": 8,
             "description": f"OCR: text detection, direction and recognition as rapidocr-onnxruntime "
                            f"{version('rapidocr-onnxruntime')} runs them, in sequence"}
 
@@ -365,6 +365,7 @@ BUILDERS = {
     "ocr": prepare_ocr,
 }
 DEFAULT_MODELS = ("image-classifier", "text-embedding")  # what `make up` serves
+STEPS = {"ocr": ("text-detector", "text-direction", "text-recognizer")}  # each chain's steps, in order
 # What convert_half traces again in float16: the eager model and an example input.
 HALF_EXPORTS = {
     "image-classifier": (load_image_classifier, image_example),
@@ -393,6 +394,13 @@ def build_folder(store: Path, name: str, force: bool, build) -> Path:
 
 
 def prepare(store: Path, name: str, force: bool = False) -> Path:
+    """The model's folder, built unless current; a chain's steps too (each a model of its own,
+    served by whichever worker takes its queue), before the chain, which cannot serve without them."""
+    steps = [step.partition(":")[0] for step in STEPS.get(name, ())]
+    if steps:
+        print(f"{name}: a chain of {', '.join(steps)}: preparing its steps first")
+    for step in steps:
+        prepare(store, step, force)
     return build_folder(store, name, force, BUILDERS[name])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
 import socket
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def test_funnel_add_wants_steps_for_a_chain_and_only_for_one(store):
     done = funnel("add", "not-a-chain", "--store", str(store), "--task", "toyscore.tasks:PythonScore",
                   "--steps", "text-embedding", env=toy_model.outside_env())
     assert done.returncode != 0 and "no Chain" in done.stderr
+
+
+def test_funnel_add_refuses_steps_not_in_the_store_unless_they_are_to_come(store):
+    steps = ["text-embedding", "not-yet", "image-classifier:7"]
+    done = funnel("add", "early-chain", "--store", str(store), "--task", "labelwords.tasks:LabelWords",
+                  "--steps", ",".join(steps), env=toy_model.outside_env())
+    assert done.returncode != 0 and "not-yet, image-classifier:7 are not in" in done.stderr, done.stderr
+    assert not (store / "early-chain").exists()
+    done = funnel("add", "early-chain", "--store", str(store), "--task", "labelwords.tasks:LabelWords",
+                  "--steps", ",".join(steps), "--steps-to-come", env=toy_model.outside_env())
+    assert done.returncode == 0, done.stderr
+    shutil.rmtree(store / "early-chain")  # the module's stack serves the store: nothing of it stays
 
 
 def test_the_chain_answers_what_its_two_models_answer_by_hand(stack, cat_jpeg):

@@ -15,6 +15,7 @@ import random
 import numpy as np
 import pytest
 
+from funnel.common.store import list_models
 from funnel.scripts.prepare_model import prepare
 from funnel.scripts.stack import Stack
 from tests.support import http, multipart, wait_for, worker_totals
@@ -63,8 +64,8 @@ def reference():
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     store = tmp_path_factory.mktemp("ocr-store")
-    for name in OCR_MODELS:
-        prepare(store, name)
+    prepare(store, "ocr")  # the chain prepares its steps with it (funnel prepare --models ocr)
+    assert list_models(store) == sorted(OCR_MODELS)
     with Stack(model_store=store) as running:
         yield running
 
