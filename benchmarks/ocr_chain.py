@@ -1,9 +1,13 @@
-"""The OCR chain against doing the same by hand: three ways to read one page, side by side.
+"""The OCR chain against doing the same by hand, and on one worker: ways to read one page, side by side.
 
-    python -m benchmarks.ocr_chain [--clients 8] [--duration 20] [--rounds 2] [--lines 20]
+    python -m benchmarks.ocr_chain [--clients 8] [--duration 20] [--rounds 2] [--lines 20] [--systems A,B]
 
 - **chain**: `POST /v1/models/ocr/predict`, Funnel's chain of text-detector, text-direction and
-  text-recognizer (common/tasks/ocr.py), the stack `funnel up` starts for those four models.
+  text-recognizer (common/tasks/ocr.py), the stack `funnel up` starts for those four models (a
+  worker per model).
+- **chain, one worker**: the same chain with one worker serving all four (`--models '*'`), and
+  **chain, one worker, 2 resident** with it holding at most two loaded (`--max-resident 2`; the chain
+  itself takes no room, so the third step is loaded in turn).
 - **client-side chain**: the same stack's models called by the client itself, as a client without chains
   would: `text-detector` for the boxes, each line cut out in the client (the package's own geometry),
   then one /v2 request of all its lines to `text-recognizer`, whose rows it decodes (no direction
@@ -40,7 +44,8 @@ from funnel.scripts.stack import Stack
 from tests.support import http, multipart, wait_for
 
 MODELS = ("text-detector", "text-direction", "text-recognizer", "ocr")
-SYSTEMS = ("chain", "client-side chain", "RapidOCR in Flask")
+SYSTEMS = ("chain", "chain, one worker", "chain, one worker, 2 resident", "client-side chain", "RapidOCR in Flask")
+ONE_WORKER = {"chain, one worker": "0", "chain, one worker, 2 resident": "2"}  # -> FUNNEL_MAX_RESIDENT
 
 
 def lines_of(answer: dict) -> list[str]:
@@ -140,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lines", type=int, default=20)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of: {', '.join(SYSTEMS)}")
     args = parser.parse_args(argv)
+    systems = tuple(name for name in args.systems.split(",") if name)
+    if unknown := set(systems) - set(SYSTEMS):
+        parser.error(f"unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}")
     from rapidocr_onnxruntime import RapidOCR
 
     from tests.integration.test_ocr_chain import drawn_page
@@ -152,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in MODELS:
         prepare(store, name)
     body, form = multipart("file", "page.png", page, "image/png")
-    runs: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
+    runs: dict[str, list[dict]] = {name: [] for name in systems}
     for round_ in range(args.rounds):
-        order = SYSTEMS[round_ % 3:] + SYSTEMS[:round_ % 3]
+        order = systems[round_ % len(systems):] + systems[:round_ % len(systems)]
         for name in order:
             if name == "RapidOCR in Flask":
                 port = free_port()
@@ -172,9 +181,14 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     stop_group(web)
             else:
-                logs = work / f"stack-{round_}-{name[:5]}"
-                with Stack(model_store=store, workers_per_model=None, log_dir=logs) as stack:
-                    if name == "chain":
+                logs = work / f"stack-{round_}-{name.replace(' ', '-').replace(',', '')}"
+                alone = name in ONE_WORKER
+                with Stack(model_store=store, workers_per_model=None, workers=[] if alone else None,
+                           log_dir=logs) as stack:
+                    if alone:
+                        stack.start_worker("ocr", FUNNEL_MODELS="*", FUNNEL_MAX_RESIDENT=ONE_WORKER[name])
+                        stack.wait_ready(120, expected=dict.fromkeys(MODELS, 1))
+                    if name.startswith("chain"):
                         def read(p, url=stack.url):
                             b, f = multipart("file", "page.png", p, "image/png")
                             return http("POST", f"{url}/v1/models/ocr/predict", b,
@@ -189,18 +203,20 @@ def main(argv: list[str] | None = None) -> int:
                for name, results in runs.items()}
     when = dt.datetime.now(dt.UTC)
     info = machine()
-    chain = summary["chain"]["pages_s"]
+    base = "chain" if "chain" in summary else systems[0]  # what the last column compares with
+    chain = summary[base]["pages_s"]
     command = " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [f"# OCR: the chain against a client-side chain and RapidOCR() in Flask, {when:%Y-%m-%d %H:%M}", "",
+    lines = [f"# OCR: the chain, on its workers and on one, against a client-side chain and RapidOCR() in Flask, "
+             f"{when:%Y-%m-%d %H:%M}", "",
              f"Machine: {info['cpu']}, {info['cores']} cores. Command: `python -m benchmarks.ocr_chain {command}`.", "",
              f"A drawn page of {args.lines} lines ({len(expected)} read by RapidOCR()), {args.clients} clients, "
              f"{args.duration:g} s a run after 5 s of warm-up, {args.rounds} rounds (median; each round's pages/s "
              f"in brackets). Every answer checked: its texts equal RapidOCR()'s.", "",
-             "| system | pages/s [each round] | p50 ms | p99 ms | wrong answers | chain against it |",
+             f"| system | pages/s [each round] | p50 ms | p99 ms | wrong answers | pages/s of {base}'s |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, s in summary.items():
         lines.append(f"| {name} | {s['pages_s']:.2f} {s['each']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | "
-                     f"{s['wrong']} | {chain / s['pages_s']:.2f}× |" if s["pages_s"] else f"| {name} | 0 | | | |")
+                     f"{s['wrong']} | {s['pages_s'] / chain:.2f} |" if s["pages_s"] else f"| {name} | 0 | | | |")
     path = RESULTS / f"ocr-chain-{when:%Y%m%d-%H%M}.md"
     path.write_text("\n".join(lines) + "\n\n```json\n" + json.dumps({"machine": info, "summary": summary,
                                                                      "runs": runs}, indent=1) + "\n```\n")

@@ -43,7 +43,7 @@ from funnel.worker.multiplex import Multiplex, Served
 from funnel.worker.queue import JobQueue
 from funnel.worker.recovery import Recovery
 from funnel.worker.reply import Replier
-from funnel.worker.residency import Limits, Loaded, Model, Residency, files_mb
+from funnel.worker.residency import Limits, Loaded, Model, Residency, files_mb, is_chain
 from funnel.worker.settings import WorkerSettings, model_and_version
 from funnel.worker.stages import Slot, Stage
 from funnel.worker.stats import Stats
@@ -146,7 +146,7 @@ def many_models(settings: WorkerSettings, specs: list[ModelSpec], client, keys: 
     for member_id, spec in zip(members[1:], specs[1:]):
         heartbeat.join(member_id, describe(settings, spec, device))
     residency = Residency(client, keys, settings.worker_id,
-                          [Model(spec, m.worker_id, m.stats, files_mb(spec))
+                          [Model(spec, m.worker_id, m.stats, files_mb(spec), chain=is_chain(spec))
                            for spec, m in zip(specs, heartbeat.members)],
                           Limits(max_resident=settings.max_resident, max_resident_mb=settings.max_resident_mb,
                                  retry_s=settings.load_retry_s, load_timeout_s=settings.load_timeout_s),
@@ -169,7 +169,7 @@ def loop(steps: Steps | Multiplex, stop: threading.Event) -> None:
     def take_and_collate() -> None:  # the taker's thread
         while True:
             collated.wait_empty()  # the batch handed over last starts to run now
-            if stop.is_set():
+            if stop.is_set() and not steps.busy():  # busy: a chain's batch still needs its steps taken
                 return
             batch = steps.take_and_collate()
             if batch is not None:

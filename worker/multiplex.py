@@ -22,12 +22,21 @@ taker reads every served model's queue lengths in one round trip, then:
   (common/contracts/repository.py) once none of its work waits: the web tier
   sends it nothing more, and its memory is free for the others.
 
+A chain's batch waits on its steps, which this worker may serve too: it runs
+and is answered on a thread of its own (one batch of each chain at a time, as
+a chain's own worker runs them), while the loop goes on taking, so the steps'
+jobs run here as they would on their own workers, each loaded in turn where
+not all fit (a chain takes no room: worker/residency.py). Told to stop, the
+worker takes no more of a chain's work, but goes on taking its steps' until
+its chains' batches are answered.
+
 Idle, it looks again after IDLE_S at first, doubling to IDLE_MAX_S: a worker of
 several models polls, where a one-model worker blocks on its queue.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +56,8 @@ from funnel.worker.reply import Replier
 from funnel.worker.residency import Loaded, Residency
 from funnel.worker.stats import Stats
 from funnel.worker.steps import Steps, retrying
+
+log = logging.getLogger("funnel.worker")
 
 IDLE_S = 0.001
 IDLE_MAX_S = 0.01
@@ -86,6 +97,9 @@ class Multiplex:
         self._members = {s.member for s in served}
         self._names = sorted({s.spec.name for s in served})
         self._unloaded: tuple[float, dict[str, frozenset[int]]] = (-float("inf"), {})  # read at, marks
+        self._chain_members = {m.member for m in residency.models.values() if m.chain}
+        self._chains: dict[str, threading.Thread | None] = {}  # member -> its batch's thread (None: not yet run)
+        self._chains_lock = threading.Lock()
 
     # -- the loop's three steps ------------------------------------------------------------------
 
@@ -105,7 +119,10 @@ class Multiplex:
         chosen = self._choose()
         batch = self._take(chosen) if chosen is not None else None
         if chosen is None or batch is None:
-            self.stop.wait(self._idle_s)
+            if self.stop.is_set():  # stopping, a chain's steps still to take: look again, unhurried
+                time.sleep(self._idle_s)
+            else:
+                self.stop.wait(self._idle_s)
             self._idle_s = min(IDLE_MAX_S, self._idle_s * 2)
             return None
         self._idle_s = IDLE_S
@@ -113,10 +130,40 @@ class Multiplex:
         return batch
 
     def run(self, batch: batching.Batch) -> None:
-        if not batch.refused:
-            self._owner[id(batch)][1].run(batch)  # type: ignore[union-attr]  # not refused: its steps
+        if batch.refused:
+            return
+        served, steps = self._owner[id(batch)]
+        assert steps is not None  # not refused: its steps
+        if served.member not in self._chain_members:
+            steps.run(batch)
+            return
+        del self._owner[id(batch)]  # answered by its own thread, not the loop's reply step
+        thread = threading.Thread(target=self._run_chain, args=(served, steps, batch), daemon=True,
+                                  name=f"chain {served.spec.name}")
+        with self._chains_lock:
+            self._chains[served.member] = thread
+        thread.start()
+
+    def busy(self) -> bool:
+        """Whether a chain's batch is taken and not yet answered: its steps may still need this worker."""
+        with self._chains_lock:
+            return bool(self._chains)
+
+    def _run_chain(self, served: Served, steps: Steps, batch: batching.Batch) -> None:
+        try:
+            steps.run(batch)
+            steps.reply(batch)
+        except Exception:  # as a failed loop ends the worker: its jobs in flight go to a peer
+            log.exception("chain %s: a batch failed; stopping", served.spec.name)
+            self.stop.set()
+        finally:
+            self.residency.unpin(served.member)
+            with self._chains_lock:
+                del self._chains[served.member]
 
     def reply(self, batch: batching.Batch) -> None:
+        if id(batch) not in self._owner:  # a chain's, answered by its own thread
+            return
         served, steps = self._owner.pop(id(batch))
         if batch.refused:
             if retrying(lambda: served.replier.answer(batch.replies, batch.dead, batch.taken, batch.taken_ids)
@@ -154,9 +201,12 @@ class Multiplex:
 
     def _choose(self) -> Served | None:
         """The resident (or failed) model to take from: by lane, each lane owed its floor share of the
-        picks, then the longest waiting."""
+        picks, then the longest waiting. Not a chain whose batch is under way, nor, once stopping, any chain."""
+        with self._chains_lock:
+            chains = set(self._chains)
         ready = [s for s in self.served if self.residency.state(s.member) in ("resident", "failed")
-                 and min(s.since) < float("inf")]
+                 and min(s.since) < float("inf") and s.member not in chains
+                 and not (self.stop.is_set() and s.member in self._chain_members)]
         if not ready:
             return None
         lanes = len(self.shares.floors)
@@ -182,7 +232,11 @@ class Multiplex:
         if batch is None:
             self.residency.unpin(served.member)
             return None
-        self._last = served.steps
+        if served.member not in self._chain_members:
+            self._last = served.steps  # the next take waits for its run's end; a chain's runs aside
+        else:
+            with self._chains_lock:
+                self._chains[served.member] = None  # busy from now: its steps are taken until it is answered
         return batch
 
     def _refuse(self, served: Served) -> batching.Batch | None:

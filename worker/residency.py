@@ -6,7 +6,8 @@ failed (its load raised: a missing file, memory run out; or it outlasted
 FUNNEL_LOAD_TIMEOUT_S: it is not tried again for FUNNEL_LOAD_RETRY_S, and its
 requests are answered 503 naming why). At
 most FUNNEL_MAX_RESIDENT models are resident or loading at once, and at most
-FUNNEL_MAX_RESIDENT_MB of model files; to make room the least recently used
+FUNNEL_MAX_RESIDENT_MB of model files, a chain not counted (it holds no model,
+and waits on its steps, which must find room beside it); to make room the least recently used
 resident model is evicted, never one with a batch taken and not yet answered
 (pinned), nor (until the cold model's work has waited FUNNEL_COLD_AFTER_MS) one
 whose own work waits: resident work is served first, and a model is not
@@ -36,6 +37,7 @@ from dataclasses import KW_ONLY, dataclass
 
 import redis
 
+from funnel.common import tasks
 from funnel.common.contracts.keys import Keys
 from funnel.common.link import lua_scripts
 from funnel.common.store import ModelSpec
@@ -67,6 +69,7 @@ class Model:
     stats: Stats
     size_mb: float  # its files, what it is counted against the memory budget
     _: KW_ONLY
+    chain: bool = False  # a chain's steps run elsewhere: it takes no room, and is never evicted for any
     state: str = "cold"  # common/contracts/registry.py's STATES
     loaded: Loaded | None = None
     error: str = ""
@@ -181,7 +184,10 @@ class Residency:
         """The least recently used unpinned models, not spared, to evict so that `incoming` fits; None if
         it cannot."""
         limits = self.limits
-        resident = sorted((m for m in self.models.values() if m.state == "resident"), key=lambda m: m.used_at)
+        if incoming.chain:
+            return []
+        resident = sorted((m for m in self.models.values() if m.state == "resident" and not m.chain),
+                          key=lambda m: m.used_at)
         victims: list[Model] = []
         while True:
             kept = [m for m in resident if m not in victims]
@@ -264,3 +270,11 @@ def files_mb(spec: ModelSpec) -> float:
     """The size of a model version's files: what it is counted against FUNNEL_MAX_RESIDENT_MB."""
     return sum(path.stat().st_size for path in spec.path.rglob("*") if path.is_file()) / 1e6
 
+
+
+def is_chain(spec: ModelSpec) -> bool:
+    """Whether the model version is a chain (its task a Chain), read without loading it."""
+    try:
+        return tasks.task_class(spec.task).in_chain()
+    except ValueError:  # a task that does not import: its load fails, saying why
+        return False

@@ -99,6 +99,10 @@ class Steps:
         self.handed = len(batch.items)
         return batch
 
+    def busy(self) -> bool:
+        """Whether a batch taken is answered outside the loop (worker/multiplex.py's chains); never here."""
+        return False
+
     def pace(self) -> bool:
         """Wait until the batch returned last nears its run's end; True if stopped meanwhile."""
         handed, self.handed = self.handed, 0

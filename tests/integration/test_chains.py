@@ -11,13 +11,18 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
+import signal
 import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 
+from funnel.common.contracts.keys import Keys
+from funnel.common.link.connection import scan_keys
 from funnel.scripts.prepare_model import DEFAULT_MODELS
+from funnel.scripts.stack import Stack
 from tests import toy_model
 from tests.support import http, multipart, wait_for, worker_totals
 from tests.toy_model import funnel
@@ -162,3 +167,44 @@ def test_a_client_that_leaves_has_its_steps_not_yet_run_dropped(stack):
         wait_for(lambda: client.llen(Keys().queue("py-score")) > 0, what="the fan-out queued")
     # the web tier marks the chain's job gone; its worker marks its step jobs; py-score's worker drops them
     wait_for(lambda: left() >= before + 20, timeout_s=30, what="the steps not yet run dropped")
+
+
+@pytest.mark.parametrize("max_resident", ["0", "1"])
+def test_one_worker_of_every_model_answers_the_chain_as_separate_workers_do(store, stack, cat_jpeg, max_resident,
+                                                                              tmp_path):
+    """A chain and its steps on one worker (`--models '*'`): the chain's batch runs on a thread of its own
+    while the worker takes its steps' jobs; with one model resident at most (a chain takes no room), each
+    step is loaded in turn, evicting the other."""
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        expected = list(pool.map(lambda _: upload(stack, CHAIN, cat_jpeg), range(8)))  # separate workers'
+    env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
+    with Stack(model_store=store, web_env=env, worker_env=env, workers=[], log_dir=tmp_path) as alone:
+        alone.start_worker(CHAIN, FUNNEL_MODELS="*", FUNNEL_MAX_RESIDENT=max_resident)
+        alone.wait_ready(60, expected=dict.fromkeys([CHAIN, *DEFAULT_MODELS], 1))
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: upload(alone, CHAIN, cat_jpeg), range(8)))
+    for (status, answer, _), (_, theirs, _) in zip(answers, expected):
+        assert status == 200, answer
+        assert [e["label"] for e in answer["labels"]] == [e["label"] for e in theirs["labels"]]
+        np.testing.assert_allclose([e["embedding"] for e in answer["labels"]],
+                                   [e["embedding"] for e in theirs["labels"]], atol=1e-5)
+
+
+
+def test_sigterm_to_one_worker_of_every_model_answers_the_chain_under_way(store, cat_jpeg, tmp_path):
+    """Told to stop, the worker takes no more of the chain's work, but its steps' until the chain's
+    batch under way is answered; then it exits 0."""
+    env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
+    with Stack(model_store=store, web_env=env, worker_env=env, workers=[], log_dir=tmp_path) as alone:
+        worker = alone.start_worker(CHAIN, FUNNEL_MODELS="*", FUNNEL_LINGER_MS="200")
+        alone.wait_ready(60, expected=dict.fromkeys([CHAIN, *DEFAULT_MODELS], 1))
+        client = redis.Redis.from_url(alone.redis_url)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            asked = [pool.submit(upload, alone, CHAIN, cat_jpeg) for _ in range(4)]
+            wait_for(lambda: client.llen(Keys().queue(CHAIN)) == 0 and any(
+                client.llen(key) for key in scan_keys(client, Keys().inflight_pattern(CHAIN))),
+                what="the chain's requests taken, as one batch under way")
+            worker.send_signal(signal.SIGTERM)
+            answers = [future.result(timeout=60) for future in asked]
+        assert worker.wait(timeout=60) == 0
+    assert [status for status, _, _ in answers] == [200] * 4, answers
