@@ -5,8 +5,8 @@
 - **chain**: `POST /v1/models/ocr/predict`, Funnel's chain of text-detector, text-direction and
   text-recognizer (common/tasks/ocr.py), the stack `funnel up` starts for those four models (a
   worker per model).
-- **chain, one worker**: the same chain with one worker serving all four (`--models '*'`), and
-  **chain, one worker, 2 resident** with it holding at most two loaded (`--max-resident 2`; the chain
+- **chain on one worker**: the same chain with one worker serving all four (`--models '*'`), and
+  **chain on one worker holding 2** with it holding at most two loaded (`--max-resident 2`; the chain
   itself takes no room, so the third step is loaded in turn).
 - **client-side chain**: the same stack's models called by the client itself, as a client without chains
   would: `text-detector` for the boxes, each line cut out in the client (the package's own geometry),
@@ -44,8 +44,8 @@ from funnel.scripts.stack import Stack
 from tests.support import http, multipart, wait_for
 
 MODELS = ("text-detector", "text-direction", "text-recognizer", "ocr")
-SYSTEMS = ("chain", "chain, one worker", "chain, one worker, 2 resident", "client-side chain", "RapidOCR in Flask")
-ONE_WORKER = {"chain, one worker": "0", "chain, one worker, 2 resident": "2"}  # -> FUNNEL_MAX_RESIDENT
+SYSTEMS = ("chain", "chain on one worker", "chain on one worker holding 2", "client-side chain", "RapidOCR in Flask")
+ONE_WORKER = {"chain on one worker": "0", "chain on one worker holding 2": "2"}  # -> FUNNEL_MAX_RESIDENT
 
 
 def lines_of(answer: dict) -> list[str]:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     stop_group(web)
             else:
-                logs = work / f"stack-{round_}-{name.replace(' ', '-').replace(',', '')}"
+                logs = work / f"stack-{round_}-{name.replace(' ', '-')}"
                 alone = name in ONE_WORKER
                 with Stack(model_store=store, workers_per_model=None, workers=[] if alone else None,
                            log_dir=logs) as stack:

@@ -110,7 +110,7 @@ UNTIMED = ("tests/integration/", "tests/faults/test_bad_input.py", "tests/faults
 TIMED = ("tests/integration/test_sentinel.py", "tests/integration/test_replicas.py",  # never in the second process
          "tests/integration/test_cluster.py",
          "tests/integration/test_triton_config_stats.py",  # perf_analyzer's windows, against the server's counts
-         "tests/integration/test_chains.py", "tests/integration/test_ocr_chain.py")  # the processes balanced
+         "tests/integration/test_ocr_chain.py")  # the processes balanced: the chain tests in the second
 PROCESSES_ENV = "FUNNEL_TEST_PROCESSES"  # =1 runs the whole suite in one process (the second process has it)
 SECOND_TIMEOUT_S = 1500
 

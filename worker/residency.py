@@ -69,7 +69,7 @@ class Model:
     stats: Stats
     size_mb: float  # its files, what it is counted against the memory budget
     _: KW_ONLY
-    chain: bool = False  # a chain's steps run elsewhere: it takes no room, and is never evicted for any
+    chain: bool = False  # a chain holds no model: it takes no room, none is evicted for it nor it for another
     state: str = "cold"  # common/contracts/registry.py's STATES
     loaded: Loaded | None = None
     error: str = ""
@@ -269,7 +269,6 @@ class Residency:
 def files_mb(spec: ModelSpec) -> float:
     """The size of a model version's files: what it is counted against FUNNEL_MAX_RESIDENT_MB."""
     return sum(path.stat().st_size for path in spec.path.rglob("*") if path.is_file()) / 1e6
-
 
 
 def is_chain(spec: ModelSpec) -> bool:
