@@ -74,6 +74,15 @@ def test_a_process_serving_several_models_shares_its_rate_among_those_it_holds_l
     assert capacity([*untimed, worker("solo")], MODEL).rate == pytest.approx(alone + alone / 3)
 
 
+def test_a_chain_on_a_process_of_several_models_takes_none_of_their_time_and_gives_none():
+    alone = capacity([worker("solo")], MODEL).rate
+    # One process serves a chain and its two steps, all loaded: the chain runs on a thread of its own.
+    members = [{**worker(f"many.{m}.1", model=m), "process": "many", "state": "resident",
+                **({"backend": "chain"} if m == "chain" else {})} for m in ("chain", MODEL, "b")]
+    assert capacity(members, "chain").rate == pytest.approx(alone)
+    assert capacity(members, MODEL).rate == pytest.approx(alone / 2)  # the two steps share the process
+
+
 def test_the_wait_grows_with_the_work_ahead_and_is_never_below_one_batch():
     cap = capacity([worker("a")], MODEL)
     one_batch = (0.01 * 1 + 0.02) * shedding.SAFETY + shedding.OVERHEAD_S

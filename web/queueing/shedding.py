@@ -38,7 +38,8 @@ load as a worker of it, loaded or not, its own id in the field `process`. One
 process runs one batch at a time, whichever model's: its rate is shared, each
 of its members counting 1/k of its own rate, k the models the process holds
 loaded or is loading (at least 1; a model it would load takes a loaded one's
-place). Traffic on all k runs at the process's rate in sum; traffic on fewer
+place), chains aside (their batches run on threads of their own, and hold no
+model). Traffic on all k runs at the process's rate in sum; traffic on fewer
 of them than it holds loaded is predicted slower than it runs (the safe side:
 counted once per model, k models loaded were predicted k times as fast as they
 run). While none of a model version's live workers has it loaded, the wait
@@ -164,9 +165,12 @@ def capacity(workers: list[dict[str, str]], model: str, version: int = 1) -> Cap
 
 def shared_by(workers: list[dict[str, str]]) -> Callable[[dict[str, str]], float]:
     """Each worker's share of its process's time: 1/k for a member of a process holding k models loaded or
-    loading (at least 1), 1 for a worker of one model (no `process` field)."""
-    held = Counter(w["process"] for w in workers if w.get("process") and w.get("state") in ("resident", "loading"))
-    return lambda w: 1 / max(1, held[w["process"]]) if w.get("process") else 1.0
+    loading (at least 1), 1 for a worker of one model (no `process` field) and for a chain's member, whose
+    batches run on a thread of their own, holding no model (worker/multiplex.py)."""
+    def sharing(w: dict[str, str]) -> bool:
+        return bool(w.get("process")) and w.get("backend") != "chain"
+    held = Counter(w["process"] for w in workers if sharing(w) and w.get("state") in ("resident", "loading"))
+    return lambda w: 1 / max(1, held[w["process"]]) if sharing(w) else 1.0
 
 
 class Calibration:
