@@ -195,15 +195,16 @@ def test_sigterm_to_one_worker_of_every_model_answers_the_chain_under_way(store,
     """Told to stop, the worker takes no more of the chain's work, but its steps' until the chain's
     batch under way is answered; then it exits 0."""
     env = {"PYTHONPATH": str(toy_model.PACKAGE_DIR)}
-    with Stack(model_store=store, web_env=env, worker_env=env, workers=[], log_dir=tmp_path) as alone:
-        worker = alone.start_worker(CHAIN, FUNNEL_MODELS="*", FUNNEL_LINGER_MS="200")
-        alone.wait_ready(60, expected=dict.fromkeys([CHAIN, *DEFAULT_MODELS], 1))
+    held = {**env, "FUNNEL_HOLD_WITHOUT_WORKERS": "1"}  # the requests wait queued for the worker to come
+    with Stack(model_store=store, web_env=held, worker_env=env, workers=[], log_dir=tmp_path) as alone:
         client = redis.Redis.from_url(alone.redis_url)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             asked = [pool.submit(upload, alone, CHAIN, cat_jpeg) for _ in range(4)]
+            wait_for(lambda: client.llen(Keys().queue(CHAIN)) == 4, what="the four requests queued")
+            worker = alone.start_worker(CHAIN, FUNNEL_MODELS="*")
             wait_for(lambda: client.llen(Keys().queue(CHAIN)) == 0 and any(
                 client.llen(key) for key in scan_keys(client, Keys().inflight_pattern(CHAIN))),
-                what="the chain's requests taken, as one batch under way")
+                what="the four taken, as the chain's one batch under way")
             worker.send_signal(signal.SIGTERM)
             answers = [future.result(timeout=60) for future in asked]
         assert worker.wait(timeout=60) == 0
