@@ -98,7 +98,7 @@ class Multiplex:
         self._names = sorted({s.spec.name for s in served})
         self._unloaded: tuple[float, dict[str, frozenset[int]]] = (-float("inf"), {})  # read at, marks
         self._chain_members = {m.member for m in residency.models.values() if m.chain}
-        self._chains: dict[str, threading.Thread | None] = {}  # member -> its batch's thread (None: not yet run)
+        self._chains: set[str] = set()  # the chains whose batch is taken and not yet answered
         self._chains_lock = threading.Lock()
 
     # -- the loop's three steps ------------------------------------------------------------------
@@ -138,11 +138,8 @@ class Multiplex:
             steps.run(batch)
             return
         del self._owner[id(batch)]  # answered by its own thread, not the loop's reply step
-        thread = threading.Thread(target=self._run_chain, args=(served, steps, batch), daemon=True,
-                                  name=f"chain {served.spec.name}")
-        with self._chains_lock:
-            self._chains[served.member] = thread
-        thread.start()
+        threading.Thread(target=self._run_chain, args=(served, steps, batch), daemon=True,
+                         name=f"chain {served.spec.name}").start()
 
     def busy(self) -> bool:
         """Whether a chain's batch is taken and not yet answered: its steps may still need this worker."""
@@ -159,7 +156,7 @@ class Multiplex:
         finally:
             self.residency.unpin(served.member)
             with self._chains_lock:
-                del self._chains[served.member]
+                self._chains.discard(served.member)
 
     def reply(self, batch: batching.Batch) -> None:
         if id(batch) not in self._owner:  # a chain's, answered by its own thread
@@ -236,7 +233,7 @@ class Multiplex:
             self._last = served.steps  # the next take waits for its run's end; a chain's runs aside
         else:
             with self._chains_lock:
-                self._chains[served.member] = None  # busy from now: its steps are taken until it is answered
+                self._chains.add(served.member)  # busy from now: its steps are taken until it is answered
         return batch
 
     def _refuse(self, served: Served) -> batching.Batch | None:
